@@ -1,0 +1,309 @@
+//! `floe demo`: a whole local cluster, each part its own OS process so any one can be
+//! killed: a master on the embedded store, six chunk servers on three emulated hosts
+//! (an `ssd` and an `hdd` device each) and a gateway, plus a ready volume.
+//!
+//! Writes `DIR/demo.json` with the processes' PIDs and the NBD URI, for scripts and
+//! tests; each process logs to `DIR/logs/NAME.log`.
+
+use crate::size;
+use floe_client::master::MasterClient;
+use floe_protocol::connection::CallError;
+use floe_protocol::{Status, VolumeSpec};
+use serde::Serialize;
+use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Options {
+    pub dir: PathBuf,
+    pub port: u16,
+    pub nbd_port: u16,
+    pub volume_size: u64,
+    pub metadata: Option<String>,
+}
+
+/// (host, device class) of each chunk server.
+const CHUNK_SERVERS: [(&str, &str); 6] = [
+    ("host-a", "ssd"),
+    ("host-a", "hdd"),
+    ("host-b", "ssd"),
+    ("host-b", "hdd"),
+    ("host-c", "ssd"),
+    ("host-c", "hdd"),
+];
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Serialize)]
+struct DemoFile {
+    nbd_uri: String,
+    master: String,
+    master_pid: u32,
+    chunkserver_pids: Vec<u32>,
+    gateway_pid: u32,
+}
+
+struct Process {
+    name: String,
+    child: Child,
+    exited: bool,
+}
+
+impl Process {
+    fn spawn(name: &str, args: &[String], logs: &Path) -> Result<Process, String> {
+        let log_path = logs.join(format!("{name}.log"));
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut command = Command::new(exe);
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            // Own process group: Ctrl-C reaches only the demo, which stops the
+            // children in order.
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; it makes the child die with the demo
+        // even when the demo itself is killed with SIGKILL.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        Ok(Process {
+            name: name.to_string(),
+            child,
+            exited: false,
+        })
+    }
+
+    /// Reports once if the process has died.
+    fn check(&mut self, logs: &Path) {
+        if self.exited {
+            return;
+        }
+        if let Ok(Some(status)) = self.child.try_wait() {
+            self.exited = true;
+            eprintln!(
+                "floe demo: {} exited ({status}); see {}",
+                self.name,
+                logs.join(format!("{}.log", self.name)).display()
+            );
+        }
+    }
+
+    fn signal(&self, signal: i32) {
+        if !self.exited {
+            // SAFETY: kill(2) on our own child's PID.
+            unsafe { libc::kill(self.child.id() as i32, signal) };
+        }
+    }
+
+    fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("floe demo: {} did not stop in time; killing it", self.name);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+pub async fn run(options: Options) -> Result<(), String> {
+    let dir = &options.dir;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    let master_address = format!("127.0.0.1:{}", options.port);
+    let metadata = options.metadata.clone().unwrap_or_else(|| {
+        format!(
+            "embedded:{}",
+            dir.join("master").join("meta.redb").display()
+        )
+    });
+    let mut processes = Vec::new();
+    let result = start(&options, &master_address, &metadata, &logs, &mut processes).await;
+    if let Err(e) = result {
+        stop_all(&mut processes);
+        return Err(e);
+    }
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+            _ = check.tick() => processes.iter_mut().for_each(|p| p.check(&logs)),
+        }
+    }
+    println!("stopping...");
+    stop_all(&mut processes);
+    println!("stopped; data kept in {}", dir.display());
+    Ok(())
+}
+
+/// Stops the gateway first (no new I/O), then chunk servers, then the master.
+fn stop_all(processes: &mut [Process]) {
+    for p in processes.iter_mut().rev() {
+        p.stop();
+    }
+}
+
+async fn start(
+    options: &Options,
+    master_address: &str,
+    metadata: &str,
+    logs: &Path,
+    processes: &mut Vec<Process>,
+) -> Result<(), String> {
+    let dir = &options.dir;
+    println!("starting master on {master_address} ({metadata})");
+    processes.push(Process::spawn(
+        "master",
+        &args(&["master", "--listen", master_address, "--metadata", metadata]),
+        logs,
+    )?);
+    println!("starting {} chunk servers", CHUNK_SERVERS.len());
+    for (i, (host, class)) in CHUNK_SERVERS.iter().enumerate() {
+        let data = dir.join(format!("cs-{i}"));
+        let listen = format!("127.0.0.1:{}", options.port + 1 + i as u16);
+        processes.push(Process::spawn(
+            &format!("chunkserver-{i}"),
+            &args(&[
+                "chunkserver",
+                "--dir",
+                &data.display().to_string(),
+                "--listen",
+                &listen,
+                "--master",
+                master_address,
+                "--host",
+                host,
+                "--class",
+                class,
+            ]),
+            logs,
+        )?);
+    }
+    let master = MasterClient::new(master_address);
+    let deadline = Instant::now() + STARTUP_TIMEOUT;
+    let mut shown = usize::MAX;
+    loop {
+        for p in processes.iter_mut() {
+            p.check(logs);
+            if p.exited {
+                return Err(format!(
+                    "{} failed to start; see {}",
+                    p.name,
+                    logs.join(format!("{}.log", p.name)).display()
+                ));
+            }
+        }
+        let up = match master.status().await {
+            Ok(status) => status.servers.iter().filter(|s| s.up).count(),
+            Err(_) => 0,
+        };
+        if up != shown {
+            println!("  {up}/{} chunk servers registered", CHUNK_SERVERS.len());
+            shown = up;
+        }
+        if up >= CHUNK_SERVERS.len() {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "chunk servers did not register within {}s; see the logs in {}",
+                STARTUP_TIMEOUT.as_secs(),
+                logs.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let spec = VolumeSpec {
+        name: "demo".into(),
+        size_bytes: options.volume_size,
+        replicas: 3,
+        chunk_bytes: floe_protocol::CHUNK_BYTES_DEFAULT,
+        stripe_unit_bytes: floe_protocol::STRIPE_UNIT_BYTES_DEFAULT,
+        stripe_count: floe_protocol::STRIPE_COUNT_DEFAULT,
+    };
+    match master.create_volume(spec).await {
+        Ok(v) => println!(
+            "created volume demo ({}, 3 replicas on 3 hosts)",
+            size::format(v.spec.size_bytes)
+        ),
+        Err(CallError::Remote {
+            status: Status::AlreadyExists,
+            ..
+        }) => println!("volume demo already exists; keeping its data"),
+        Err(e) => return Err(format!("cannot create volume demo: {e}")),
+    }
+    let nbd_address = format!("127.0.0.1:{}", options.nbd_port);
+    println!("starting gateway on {nbd_address}");
+    processes.push(Process::spawn(
+        "gateway",
+        &args(&[
+            "gateway",
+            "--listen",
+            &nbd_address,
+            "--master",
+            master_address,
+        ]),
+        logs,
+    )?);
+    while tokio::net::TcpStream::connect(&nbd_address).await.is_err() {
+        let gateway = processes.last_mut().expect("gateway pushed");
+        gateway.check(logs);
+        if gateway.exited || Instant::now() > deadline {
+            return Err(format!(
+                "gateway did not start; see {}",
+                logs.join("gateway.log").display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let uri = format!("nbd://{nbd_address}/demo");
+    let file = DemoFile {
+        nbd_uri: uri.clone(),
+        master: master_address.to_string(),
+        master_pid: processes[0].child.id(),
+        chunkserver_pids: processes[1..=CHUNK_SERVERS.len()]
+            .iter()
+            .map(|p| p.child.id())
+            .collect(),
+        gateway_pid: processes.last().expect("gateway").child.id(),
+    };
+    let json = serde_json::to_vec_pretty(&file).expect("demo file serializes");
+    std::fs::write(dir.join("demo.json"), json).map_err(|e| e.to_string())?;
+    println!();
+    println!("ready: {uri}");
+    println!("  try: nbdinfo {uri}");
+    println!(
+        "  logs: {}   status: floe status --master {master_address}",
+        logs.display()
+    );
+    println!(
+        "  Ctrl-C stops the cluster; data stays in {}",
+        dir.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! `floe`: one binary for every Floe process and the admin commands.
+
+mod admin;
+mod demo;
+mod size;
+
+use clap::{Parser, Subcommand};
+use floe_client::master::MasterClient;
+use floe_protocol::{DeviceClass, VolumeSpec};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "floe",
+    version,
+    about = "Floe: a distributed block store for virtual disks"
+)]
+struct Cli {
+    /// Address of the master (for admin commands and processes that talk to it).
+    #[arg(
+        long,
+        global = true,
+        env = "FLOE_MASTER",
+        default_value = "127.0.0.1:7700"
+    )]
+    master: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a local cluster with a ready volume `demo`, until Ctrl-C.
+    Demo {
+        /// Data directory; started again on the same one, the data is still there.
+        #[arg(long, default_value = "floe-data")]
+        dir: PathBuf,
+        /// Master port; chunk servers take the next six.
+        #[arg(long, default_value_t = 7700)]
+        port: u16,
+        #[arg(long, default_value_t = 10809)]
+        nbd_port: u16,
+        /// Size of the demo volume when it is created.
+        #[arg(long, default_value = "10G", value_parser = size::parse)]
+        size: u64,
+        /// Metadata store instead of the embedded one, e.g. etcd://127.0.0.1:2379/floe.
+        #[arg(long)]
+        metadata: Option<String>,
+    },
+    /// Run the master.
+    Master {
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        listen: String,
+        /// embedded:PATH or etcd://HOST:PORT[,HOST:PORT]/PREFIX
+        #[arg(long)]
+        metadata: String,
+    },
+    /// Run a chunk server on one data directory.
+    Chunkserver {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        listen: String,
+        /// Failure domain: replicas of a chunk go to distinct hosts.
+        #[arg(long)]
+        host: String,
+        #[arg(long, default_value = "ssd")]
+        class: DeviceClass,
+        /// Capacity to advertise; defaults to the size of the file system under --dir.
+        #[arg(long, value_parser = size::parse)]
+        capacity: Option<u64>,
+    },
+    /// Run a gateway exporting volumes over NBD.
+    Gateway {
+        #[arg(long, default_value = "127.0.0.1:10809")]
+        listen: String,
+    },
+    /// Manage volumes.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Show hosts, chunk servers, capacity and volumes.
+    Status,
+}
+
+#[derive(Subcommand)]
+enum VolumeCommand {
+    Create {
+        name: String,
+        #[arg(long, value_parser = size::parse)]
+        size: u64,
+        #[arg(long, default_value_t = 3)]
+        replicas: u32,
+        #[arg(long, default_value = "64M", value_parser = size::parse)]
+        chunk_size: u64,
+        #[arg(long, default_value = "64K", value_parser = size::parse)]
+        stripe_unit: u64,
+        #[arg(long, default_value_t = floe_protocol::STRIPE_COUNT_DEFAULT)]
+        stripe_count: u32,
+    },
+    List,
+    Info {
+        name: String,
+    },
+    /// Grow a volume (shrinking is refused: it would discard data).
+    Resize {
+        name: String,
+        #[arg(long, value_parser = size::parse)]
+        size: u64,
+    },
+    /// Delete a volume and free its chunks.
+    Delete {
+        name: String,
+    },
+}
+
+fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Single-threaded runtimes everywhere: one event loop per process owns its state
+/// (Vitastor's habit), and more cores mean more processes.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime starts")
+}
+
+fn filesystem_bytes(dir: &std::path::Path) -> Result<u64, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| "path contains a NUL byte".to_string())?;
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and an out-pointer to a zeroed struct.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return Err(format!(
+            "cannot statvfs {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(stat.f_blocks as u64 * stat.f_frsize as u64)
+}
+
+async fn bind(address: &str) -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| format!("cannot listen on {address}: {e} (is another Floe process using it?)"))
+}
+
+async fn execute(cli: Cli) -> Result<(), String> {
+    let master = MasterClient::new(&cli.master);
+    match cli.command {
+        Command::Demo {
+            dir,
+            port,
+            nbd_port,
+            size,
+            metadata,
+        } => {
+            demo::run(demo::Options {
+                dir,
+                port,
+                nbd_port,
+                volume_size: size,
+                metadata,
+            })
+            .await
+        }
+        Command::Master { listen, metadata } => {
+            floe_master::run(bind(&listen).await?, &metadata).await
+        }
+        Command::Chunkserver {
+            dir,
+            listen,
+            host,
+            class,
+            capacity,
+        } => {
+            let capacity_bytes = match capacity {
+                Some(c) => c,
+                None => filesystem_bytes(&dir)?,
+            };
+            floe_chunkserver::run(floe_chunkserver::Config {
+                dir,
+                listen,
+                advertise: None,
+                master: cli.master,
+                host,
+                class,
+                capacity_bytes,
+            })
+            .await
+        }
+        Command::Gateway { listen } => {
+            let listener = bind(&listen).await?;
+            floe_gateway::run(listener, &cli.master, std::future::pending::<()>()).await;
+            Ok(())
+        }
+        Command::Volume(command) => match command {
+            VolumeCommand::Create {
+                name,
+                size,
+                replicas,
+                chunk_size,
+                stripe_unit,
+                stripe_count,
+            } => {
+                let spec = VolumeSpec {
+                    name,
+                    size_bytes: size,
+                    replicas,
+                    chunk_bytes: chunk_size,
+                    stripe_unit_bytes: stripe_unit,
+                    stripe_count,
+                };
+                admin::create(&master, spec).await
+            }
+            VolumeCommand::List => admin::list(&master).await,
+            VolumeCommand::Info { name } => admin::info(&master, &name).await,
+            VolumeCommand::Resize { name, size } => admin::resize(&master, &name, size).await,
+            VolumeCommand::Delete { name } => admin::delete(&master, &name).await,
+        },
+        Command::Status => admin::status(&master).await,
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Master { .. } | Command::Chunkserver { .. } | Command::Gateway { .. }
+    ) {
+        init_logging();
+    }
+    if let Err(message) = runtime().block_on(execute(cli)) {
+        eprintln!("floe: {message}");
+        std::process::exit(1);
+    }
+}

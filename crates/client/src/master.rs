@@ -1,0 +1,95 @@
+//! Typed calls to the master, over one pooled connection.
+
+use floe_protocol::connection::CallError;
+use floe_protocol::{
+    ClusterStatus, ConnectionPool, ControlRequest, ControlResponse, Request, Response, Volume,
+    VolumeMap, VolumeSpec,
+};
+
+pub struct MasterClient {
+    address: String,
+    pool: ConnectionPool,
+}
+
+impl MasterClient {
+    pub fn new(address: &str) -> MasterClient {
+        MasterClient {
+            address: address.to_string(),
+            pool: ConnectionPool::default(),
+        }
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    pub async fn call(&self, request: ControlRequest) -> Result<ControlResponse, CallError> {
+        match self
+            .pool
+            .call(&self.address, Request::Control(request))
+            .await?
+        {
+            Response::Control(reply) => Ok(reply),
+            other => Err(CallError::BadReply {
+                address: self.address.clone(),
+                reason: format!("{other:?}"),
+            }),
+        }
+    }
+
+    pub async fn create_volume(&self, spec: VolumeSpec) -> Result<Volume, CallError> {
+        self.expect_volume(ControlRequest::CreateVolume(spec)).await
+    }
+
+    pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<Volume, CallError> {
+        self.expect_volume(ControlRequest::ResizeVolume {
+            name: name.into(),
+            size_bytes,
+        })
+        .await
+    }
+
+    pub async fn delete_volume(&self, name: &str) -> Result<(), CallError> {
+        self.call(ControlRequest::DeleteVolume { name: name.into() })
+            .await
+            .map(drop)
+    }
+
+    pub async fn list_volumes(&self) -> Result<Vec<Volume>, CallError> {
+        match self.call(ControlRequest::ListVolumes).await? {
+            ControlResponse::Volumes { volumes } => Ok(volumes),
+            other => Err(self.unexpected(other)),
+        }
+    }
+
+    pub async fn volume_map(&self, name: &str) -> Result<VolumeMap, CallError> {
+        match self
+            .call(ControlRequest::GetVolumeMap { name: name.into() })
+            .await?
+        {
+            ControlResponse::VolumeMap(map) => Ok(map),
+            other => Err(self.unexpected(other)),
+        }
+    }
+
+    pub async fn status(&self) -> Result<ClusterStatus, CallError> {
+        match self.call(ControlRequest::Status).await? {
+            ControlResponse::Status(status) => Ok(status),
+            other => Err(self.unexpected(other)),
+        }
+    }
+
+    async fn expect_volume(&self, request: ControlRequest) -> Result<Volume, CallError> {
+        match self.call(request).await? {
+            ControlResponse::Volume(volume) => Ok(volume),
+            other => Err(self.unexpected(other)),
+        }
+    }
+
+    fn unexpected(&self, reply: ControlResponse) -> CallError {
+        CallError::BadReply {
+            address: self.address.clone(),
+            reason: format!("unexpected reply {reply:?}"),
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! The gateway: exports Floe volumes over NBD. Each export name is a volume name; a
+//! volume opened by several NBD connections at once is one shared client stack, so
+//! every connection sees the same chunk allocations.
+
+use async_trait::async_trait;
+use floe_blockdev::BlockDevice;
+use floe_client::master::MasterClient;
+use floe_nbd::Exports;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use tokio::net::TcpListener;
+use tokio::sync::Mutex;
+
+struct VolumeExports {
+    master: Arc<MasterClient>,
+    /// Open volumes; held weakly so a volume closes with its last connection.
+    open: Mutex<HashMap<String, Weak<dyn BlockDevice>>>,
+}
+
+#[async_trait]
+impl Exports for VolumeExports {
+    async fn list(&self) -> Result<Vec<String>, String> {
+        let volumes = self
+            .master
+            .list_volumes()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(volumes.into_iter().map(|v| v.spec.name).collect())
+    }
+
+    async fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+        // Held across the master call so two connections opening at once share a stack.
+        let mut open = self.open.lock().await;
+        if let Some(device) = open.get(name).and_then(Weak::upgrade) {
+            return Ok(device);
+        }
+        let device = floe_client::open_volume(self.master.clone(), name).await?;
+        open.retain(|_, d| d.strong_count() > 0);
+        open.insert(name.to_string(), Arc::downgrade(&device));
+        tracing::info!(volume = name, "volume opened");
+        Ok(device)
+    }
+}
+
+/// Serves NBD on `listener` for volumes of the master at `master` until `shutdown`.
+pub async fn run(listener: TcpListener, master: &str, shutdown: impl std::future::Future) {
+    let exports = Arc::new(VolumeExports {
+        master: Arc::new(MasterClient::new(master)),
+        open: Mutex::default(),
+    });
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, master, "gateway serving NBD");
+    }
+    floe_nbd::serve(listener, exports, shutdown).await;
+}

@@ -1,0 +1,53 @@
+//! The master's metadata store: one trait, two back ends.
+//!
+//! - [`embedded`]: a single redb file, the zero-setup default for one machine.
+//! - [`etcd`]: etcd v3 (Debian's `etcd-server`), the production back end.
+//!
+//! Keys are UTF-8 strings with `/`-separated prefixes, values opaque bytes. A batch of
+//! operations applies atomically, so the master never leaves half an update behind.
+
+use async_trait::async_trait;
+
+pub mod embedded;
+pub mod etcd;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("metadata store: {0}")]
+    Backend(String),
+    #[error("metadata store address {0:?} not understood: use embedded:PATH or etcd://HOST:PORT[,HOST:PORT]/PREFIX")]
+    BadAddress(String),
+}
+
+/// One change in an atomic batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Put { key: String, value: Vec<u8> },
+    Delete { key: String },
+    DeletePrefix { prefix: String },
+}
+
+#[async_trait]
+pub trait MetaStore: Send + Sync + 'static {
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, MetaError>;
+    /// All pairs whose key starts with `prefix`, in key order.
+    async fn scan_prefix(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, MetaError>;
+    /// Applies every op or none, with the effect of applying them in order (the last op
+    /// touching a key wins).
+    async fn apply(&self, ops: Vec<Op>) -> Result<(), MetaError>;
+}
+
+/// Opens a store from an address: `embedded:PATH` or `etcd://HOST:PORT[,HOST:PORT]/PREFIX`.
+pub async fn open(address: &str) -> Result<Box<dyn MetaStore>, MetaError> {
+    if let Some(path) = address.strip_prefix("embedded:") {
+        return Ok(Box::new(embedded::EmbeddedStore::open(path.as_ref())?));
+    }
+    if let Some(rest) = address.strip_prefix("etcd://") {
+        let (hosts, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let endpoints: Vec<String> = hosts.split(',').map(|h| format!("http://{h}")).collect();
+        return Ok(Box::new(
+            etcd::EtcdStore::connect(&endpoints, prefix).await?,
+        ));
+    }
+    Err(MetaError::BadAddress(address.to_string()))
+}

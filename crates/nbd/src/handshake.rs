@@ -1,0 +1,330 @@
+//! Fixed newstyle handshake and option haggling, ending in a [`Session`] for the
+//! transmission phase.
+
+use crate::input::Input;
+use crate::proto::*;
+use crate::reply::truncate;
+use crate::Exports;
+use bytes::{Buf, BufMut, BytesMut};
+use floe_blockdev::BlockDevice;
+use std::io;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+/// Option data above this is refused by disconnecting: an honest client never comes
+/// close (strings are at most 4 KiB), and the data would have to be read to skip it.
+const MAX_OPTION_LEN: u32 = 64 * 1024;
+
+/// What option haggling settled, for the transmission phase.
+pub(crate) struct Session {
+    pub(crate) name: String,
+    pub(crate) device: Arc<dyn BlockDevice>,
+    pub(crate) structured: bool,
+    /// base:allocation was selected for this export, so BLOCK_STATUS is allowed.
+    pub(crate) base_allocation: bool,
+}
+
+/// The transmission flags of every export. CAN_MULTI_CONN rests on the device
+/// contract: a write, trim or write_zeroes is durable once it returns, and connections
+/// to one export share the device, so a FLUSH on one covers writes completed on
+/// another.
+fn transmission_flags(structured: bool) -> u16 {
+    let flags = FLAG_HAS_FLAGS
+        | FLAG_SEND_FLUSH
+        | FLAG_SEND_FUA
+        | FLAG_SEND_TRIM
+        | FLAG_SEND_WRITE_ZEROES
+        | FLAG_SEND_CACHE
+        | FLAG_CAN_MULTI_CONN;
+    // DF only means something with structured replies (proto.md requires it clear
+    // otherwise); every READ is answered with one chunk anyway.
+    if structured {
+        flags | FLAG_SEND_DF
+    } else {
+        flags
+    }
+}
+
+fn violation(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message)
+}
+
+/// Option haggling state.
+#[derive(Default)]
+struct Haggle {
+    no_zeroes: bool,
+    structured: bool,
+    /// The export base:allocation was last selected for.
+    meta_export: Option<String>,
+}
+
+/// Greets the client and answers options until it picks an export (`Some`) or aborts
+/// (`None`). Errors are protocol violations or I/O failures; the caller drops the
+/// connection.
+pub(crate) async fn negotiate<R, W>(
+    input: &mut Input<R>,
+    out: &mut W,
+    exports: &dyn Exports,
+) -> io::Result<Option<Session>>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut greeting = BytesMut::with_capacity(18);
+    greeting.put_u64(NBDMAGIC);
+    greeting.put_u64(IHAVEOPT);
+    greeting.put_u16(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
+    out.write_all(&greeting).await?;
+
+    let Some(mut client_flags) = input.message(4).await? else {
+        return Ok(None);
+    };
+    let client_flags = client_flags.get_u32();
+    if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(violation(format!("unknown client flags {client_flags:#x}")));
+    }
+    let mut state = Haggle {
+        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+        ..Haggle::default()
+    };
+
+    loop {
+        let Some(mut head) = input.message(16).await? else {
+            return Ok(None);
+        };
+        let magic = head.get_u64();
+        let option = head.get_u32();
+        let len = head.get_u32();
+        if magic != IHAVEOPT {
+            return Err(violation(format!("bad option magic {magic:#x}")));
+        }
+        if len > MAX_OPTION_LEN {
+            return Err(violation(format!("option {option} carries {len} bytes")));
+        }
+        let data = input.take(len as usize).await?;
+        let mut replies = BytesMut::new();
+        let session = match option {
+            OPT_EXPORT_NAME => {
+                let name = String::from_utf8(data.to_vec())
+                    .map_err(|_| violation("export name is not UTF-8".into()))?;
+                // This option cannot carry an error back: refusing means hanging up.
+                let device = exports.open(&name).await.map_err(|e| {
+                    io::Error::new(io::ErrorKind::NotFound, format!("export {name:?}: {e}"))
+                })?;
+                replies.put_u64(device.size());
+                replies.put_u16(transmission_flags(state.structured));
+                if !state.no_zeroes {
+                    replies.put_bytes(0, 124);
+                }
+                Some(state.session(name, device))
+            }
+            OPT_ABORT => {
+                option_reply(&mut replies, option, REP_ACK, &[]);
+                // The client may already be gone; it is leaving either way.
+                let _ = out.write_all(&replies).await;
+                return Ok(None);
+            }
+            OPT_LIST => {
+                list(&mut replies, &data, exports).await;
+                None
+            }
+            OPT_INFO | OPT_GO => info(&mut replies, option, &data, &state, exports)
+                .await
+                .filter(|_| option == OPT_GO)
+                .map(|(name, device)| state.session(name, device)),
+            OPT_STRUCTURED_REPLY => {
+                if data.is_empty() {
+                    state.structured = true;
+                    option_reply(&mut replies, option, REP_ACK, &[]);
+                } else {
+                    error_reply(
+                        &mut replies,
+                        option,
+                        REP_ERR_INVALID,
+                        "unexpected option data",
+                    );
+                }
+                None
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                meta_context(&mut replies, option, &data, &mut state);
+                None
+            }
+            _ => {
+                error_reply(&mut replies, option, REP_ERR_UNSUP, "option not supported");
+                None
+            }
+        };
+        out.write_all(&replies).await?;
+        if session.is_some() {
+            return Ok(session);
+        }
+    }
+}
+
+impl Haggle {
+    fn session(&self, name: String, device: Arc<dyn BlockDevice>) -> Session {
+        let base_allocation = self.meta_export.as_deref() == Some(name.as_str());
+        Session {
+            name,
+            device,
+            structured: self.structured,
+            base_allocation,
+        }
+    }
+}
+
+fn option_reply(out: &mut BytesMut, option: u32, kind: u32, data: &[u8]) {
+    out.put_u64(OPTION_REPLY_MAGIC);
+    out.put_u32(option);
+    out.put_u32(kind);
+    out.put_u32(data.len() as u32);
+    out.put_slice(data);
+}
+
+fn error_reply(out: &mut BytesMut, option: u32, kind: u32, message: &str) {
+    option_reply(out, option, kind, truncate(message, MAX_STRING).as_bytes());
+}
+
+async fn list(out: &mut BytesMut, data: &[u8], exports: &dyn Exports) {
+    if !data.is_empty() {
+        return error_reply(out, OPT_LIST, REP_ERR_INVALID, "unexpected option data");
+    }
+    match exports.list().await {
+        Ok(names) => {
+            for name in names {
+                let mut entry = BytesMut::with_capacity(4 + name.len());
+                entry.put_u32(name.len() as u32);
+                entry.put_slice(name.as_bytes());
+                option_reply(out, OPT_LIST, REP_SERVER, &entry);
+            }
+            option_reply(out, OPT_LIST, REP_ACK, &[]);
+        }
+        Err(e) => error_reply(out, OPT_LIST, REP_ERR_POLICY, &e),
+    }
+}
+
+/// NBD_OPT_INFO / NBD_OPT_GO: describes the export; on success returns it so GO can
+/// enter transmission.
+async fn info(
+    out: &mut BytesMut,
+    option: u32,
+    data: &[u8],
+    state: &Haggle,
+    exports: &dyn Exports,
+) -> Option<(String, Arc<dyn BlockDevice>)> {
+    let Some((name, requests)) = parse_info_request(data) else {
+        error_reply(out, option, REP_ERR_INVALID, "malformed info request");
+        return None;
+    };
+    let device = match exports.open(&name).await {
+        Ok(device) => device,
+        Err(e) => {
+            error_reply(out, option, REP_ERR_UNKNOWN, &e);
+            return None;
+        }
+    };
+    let mut info = BytesMut::new();
+    info.put_u16(INFO_EXPORT);
+    info.put_u64(device.size());
+    info.put_u16(transmission_flags(state.structured));
+    option_reply(out, option, REP_INFO, &info.split());
+    if requests.contains(&INFO_NAME) {
+        info.put_u16(INFO_NAME);
+        info.put_slice(name.as_bytes());
+        option_reply(out, option, REP_INFO, &info.split());
+    }
+    // Sent even unrequested: with a minimum of 1 it constrains no client, and it tells
+    // those that care the preferred and maximum sizes.
+    info.put_u16(INFO_BLOCK_SIZE);
+    info.put_u32(MIN_BLOCK);
+    info.put_u32(PREFERRED_BLOCK);
+    info.put_u32(MAX_BLOCK);
+    option_reply(out, option, REP_INFO, &info.split());
+    option_reply(out, option, REP_ACK, &[]);
+    Some((name, device))
+}
+
+/// Splits a length-prefixed string off `data`.
+fn take_string(data: &mut &[u8]) -> Option<String> {
+    if data.remaining() < 4 {
+        return None;
+    }
+    let len = data.get_u32() as usize;
+    if data.remaining() < len {
+        return None;
+    }
+    let s = std::str::from_utf8(&data[..len]).ok()?.to_owned();
+    data.advance(len);
+    Some(s)
+}
+
+/// Export name and requested info types of NBD_OPT_INFO / NBD_OPT_GO.
+fn parse_info_request(mut data: &[u8]) -> Option<(String, Vec<u16>)> {
+    let name = take_string(&mut data)?;
+    if data.remaining() < 2 {
+        return None;
+    }
+    let count = data.get_u16() as usize;
+    if data.remaining() != 2 * count {
+        return None;
+    }
+    Some((name, (0..count).map(|_| data.get_u16()).collect()))
+}
+
+/// Export name and queries of NBD_OPT_{LIST,SET}_META_CONTEXT.
+fn parse_meta_request(mut data: &[u8]) -> Option<(String, Vec<String>)> {
+    let name = take_string(&mut data)?;
+    if data.remaining() < 4 {
+        return None;
+    }
+    let count = data.get_u32();
+    // No preallocation from `count`: the data length bounds the loop instead.
+    let mut queries = Vec::new();
+    for _ in 0..count {
+        queries.push(take_string(&mut data)?);
+    }
+    data.is_empty().then_some((name, queries))
+}
+
+/// NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT. Only base:allocation exists
+/// and every export has it, so the export is not opened here; GO checks that the
+/// selection was made for the export it opens.
+fn meta_context(out: &mut BytesMut, option: u32, data: &[u8], state: &mut Haggle) {
+    if !state.structured {
+        return error_reply(
+            out,
+            option,
+            REP_ERR_INVALID,
+            "structured replies not negotiated",
+        );
+    }
+    let Some((name, queries)) = parse_meta_request(data) else {
+        return error_reply(
+            out,
+            option,
+            REP_ERR_INVALID,
+            "malformed meta context request",
+        );
+    };
+    let set = option == OPT_SET_META_CONTEXT;
+    // LIST with no queries lists everything, and "base:" is the whole namespace; SET
+    // selects exactly what it names.
+    let selected = if set {
+        queries.iter().any(|q| q == BASE_ALLOCATION)
+    } else {
+        queries.is_empty() || queries.iter().any(|q| q == BASE_ALLOCATION || q == "base:")
+    };
+    if selected {
+        let id = if set { BASE_ALLOCATION_ID } else { 0 };
+        let mut context = BytesMut::with_capacity(4 + BASE_ALLOCATION.len());
+        context.put_u32(id);
+        context.put_slice(BASE_ALLOCATION.as_bytes());
+        option_reply(out, option, REP_META_CONTEXT, &context);
+    }
+    if set {
+        // SET replaces the previous selection, including with nothing.
+        state.meta_export = selected.then_some(name);
+    }
+    option_reply(out, option, REP_ACK, &[]);
+}

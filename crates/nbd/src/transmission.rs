@@ -1,0 +1,142 @@
+//! The transmission-phase request loop: reads requests, runs each as its own task so
+//! many are in flight, and hands replies to the connection's writer task.
+//!
+//! Everything is bounded: at most `MAX_IN_FLIGHT` requests and `MAX_IN_FLIGHT_BYTES`
+//! of READ/WRITE data per connection, counted from the request header until its reply
+//! is written. When the budget is spent the loop stops reading the socket, which is
+//! the back-pressure a slow device or a client that does not read replies gets.
+
+use crate::command::{Command, Header};
+use crate::handshake::Session;
+use crate::input::Input;
+use crate::proto::*;
+use crate::reply::Reply;
+use crate::writer::{self, Outgoing};
+use bytes::Bytes;
+use std::io;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
+
+const MAX_IN_FLIGHT: usize = 128;
+const MAX_IN_FLIGHT_BYTES: usize = 256 << 20;
+/// A WRITE longer than MAX_BLOCK but at most this is read and discarded so the
+/// connection survives an EINVAL; anything longer is not worth the bandwidth.
+const MAX_DRAINED_WRITE: u32 = 4 * MAX_BLOCK;
+
+/// A request's share of the connection's in-flight limits, released on drop.
+pub(crate) struct Budget {
+    _request: OwnedSemaphorePermit,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// Serves requests until the client disconnects, sends NBD_CMD_DISC, violates the
+/// protocol, or `shutdown` turns true. In-flight requests are always answered before
+/// the socket is closed.
+pub(crate) async fn serve<R, W>(
+    mut input: Input<R>,
+    socket: W,
+    session: Session,
+    mut shutdown: watch::Receiver<bool>,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (replies, replies_rx) = mpsc::channel(MAX_IN_FLIGHT);
+    let writer = tokio::spawn(writer::run(socket, replies_rx).in_current_span());
+    let read = read_requests(&mut input, Arc::new(session), &replies, &mut shutdown).await;
+    drop(replies);
+    let written = writer.await.map_err(io::Error::other)?;
+    read.and(written)
+}
+
+async fn read_requests<R: AsyncRead + Unpin>(
+    input: &mut Input<R>,
+    session: Arc<Session>,
+    replies: &mpsc::Sender<Outgoing>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> io::Result<()> {
+    let requests = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
+    loop {
+        let header = tokio::select! {
+            // A closed sender also means shutdown: the server is gone.
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+            // The writer failed (client gone): nobody would see more replies.
+            _ = replies.closed() => return Ok(()),
+            header = input.message(Header::LEN) => match header? {
+                Some(header) => Header::parse(header)?,
+                None => {
+                    tracing::debug!("client closed the connection");
+                    return Ok(());
+                }
+            },
+        };
+        if header.kind == CMD_DISC {
+            tracing::debug!("client disconnected");
+            return Ok(());
+        }
+        let request = requests
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        let data_len = match header.kind {
+            CMD_READ | CMD_WRITE if header.length <= MAX_BLOCK => header.length,
+            _ => 0,
+        };
+        let byte_permit = match data_len {
+            0 => None,
+            n => Some(
+                bytes
+                    .clone()
+                    .acquire_many_owned(n)
+                    .await
+                    .expect("never closed"),
+            ),
+        };
+        let budget = Budget {
+            _request: request,
+            _bytes: byte_permit,
+        };
+
+        let mut payload = Bytes::new();
+        if header.kind == CMD_WRITE {
+            if header.length > MAX_DRAINED_WRITE {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("write of {} bytes", header.length),
+                ));
+            }
+            if data_len == 0 {
+                input.skip(header.length as u64).await?;
+            } else {
+                payload = input.take(data_len as usize).await?.freeze();
+            }
+        }
+
+        let handle = header.handle;
+        match Command::parse(&header, payload, &session) {
+            Err(rejected) => {
+                tracing::debug!(handle, kind = header.kind, "rejected: {}", rejected.message);
+                let reply =
+                    Reply::error(handle, session.structured, rejected.error, rejected.message);
+                if replies.send(Outgoing { reply, budget }).await.is_err() {
+                    return Ok(());
+                }
+            }
+            Ok(command) => {
+                let session = session.clone();
+                let replies = replies.clone();
+                let run = async move {
+                    let reply = command.apply(handle, &session).await;
+                    // Fails only when the writer is gone, i.e. the client is.
+                    let _ = replies.send(Outgoing { reply, budget }).await;
+                };
+                tokio::spawn(run.in_current_span());
+            }
+        }
+    }
+}

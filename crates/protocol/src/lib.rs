@@ -1,0 +1,26 @@
+//! Floe's wire protocol between gateway, chunk servers, master and CLI.
+//!
+//! - [`frame`]: bytes <-> frames: a fixed header (magic, kind, status, request id,
+//!   payload length, crc32c of the payload) and the payload.
+//! - [`message`]: the requests and responses carried in frames; the data path is a
+//!   hand-packed binary layout, the control plane (master) JSON bodies.
+//! - [`types`]: cluster objects shared by every process (volumes, servers, chunks).
+//! - [`connection`]: a pipelined client connection: many requests in flight, replies
+//!   matched by request id, outgoing frames batched into few socket writes.
+//! - [`server`]: the accept loop and per-connection serving with the same batching.
+//!
+//! Every connection starts with a `Hello` carrying [`PROTOCOL_VERSION`]; a peer with
+//! another version is refused with a clear error.
+pub mod connection;
+pub mod frame;
+pub mod message;
+pub mod server;
+pub mod types;
+
+pub use connection::{Connection, ConnectionPool};
+pub use frame::{Frame, FrameError, Status};
+pub use message::{ControlRequest, ControlResponse, Request, Response};
+pub use types::*;
+
+/// Bumped on any incompatible change of frames or messages.
+pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,0 +1,440 @@
+//! Requests and responses, and their encoding into [`Frame`]s.
+//!
+//! Data-path messages (write, read, zero) are packed by hand, little-endian, with the
+//! data last so it is never copied behind the fields. Control-plane messages to the
+//! master are rare and carry JSON, which keeps them easy to evolve and to debug.
+
+use crate::frame::{Frame, FrameError, Status};
+use crate::types::*;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+const KIND_HELLO: u16 = 1;
+const KIND_WRITE: u16 = 2;
+const KIND_READ: u16 = 3;
+const KIND_ZERO: u16 = 4;
+const KIND_CONTROL: u16 = 5;
+
+/// Bounds the backup list a primary will forward to.
+pub const FORWARD_MAX: usize = 8;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Hello {
+        version: u32,
+    },
+    /// Writes `data` at `offset` of a chunk replica, and, at a primary, forwards the
+    /// same write to the backups in `forward`; the reply means durable on all of them.
+    Write {
+        chunk: ChunkId,
+        offset: u64,
+        forward: Vec<String>,
+        data: Bytes,
+    },
+    /// Reads from this server's replica only.
+    Read {
+        chunk: ChunkId,
+        offset: u64,
+        length: u32,
+    },
+    /// Zeroes a range; `punch` frees the space. Forwarded like a write.
+    Zero {
+        chunk: ChunkId,
+        offset: u64,
+        length: u64,
+        punch: bool,
+        forward: Vec<String>,
+    },
+    Control(ControlRequest),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    Hello { version: u32 },
+    Done,
+    Data(Bytes),
+    Control(ControlResponse),
+    Error { status: Status, message: String },
+}
+
+impl Response {
+    pub fn error(status: Status, message: impl Into<String>) -> Response {
+        Response::Error {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ControlRequest {
+    Register {
+        uuid: String,
+        address: String,
+        host: String,
+        class: DeviceClass,
+        capacity_bytes: u64,
+    },
+    Heartbeat {
+        id: ServerId,
+        used_bytes: u64,
+    },
+    CreateVolume(VolumeSpec),
+    ListVolumes,
+    GetVolumeMap {
+        name: String,
+    },
+    ResizeVolume {
+        name: String,
+        size_bytes: u64,
+    },
+    DeleteVolume {
+        name: String,
+    },
+    /// Allocates a chunk on first write; idempotent.
+    AllocateChunk {
+        volume_id: u64,
+        index: u64,
+    },
+    Status,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ControlResponse {
+    Registered {
+        id: ServerId,
+    },
+    HeartbeatAck {
+        /// Volumes deleted: the server drops their chunks.
+        deleted_volumes: Vec<u64>,
+    },
+    Volume(Volume),
+    Volumes {
+        volumes: Vec<Volume>,
+    },
+    VolumeMap(VolumeMap),
+    Chunk {
+        placement: ChunkPlacement,
+        servers: Vec<ServerInfo>,
+    },
+    Status(ClusterStatus),
+    Done,
+}
+
+fn put_chunk(out: &mut BytesMut, chunk: ChunkId) {
+    out.put_u64_le(chunk.volume_id);
+    out.put_u64_le(chunk.index);
+}
+
+fn put_forward(out: &mut BytesMut, forward: &[String]) {
+    out.put_u8(forward.len() as u8);
+    for address in forward {
+        out.put_u16_le(address.len() as u16);
+        out.put_slice(address.as_bytes());
+    }
+}
+
+/// A bounds-checked reader over a payload: malformed input becomes an error, never a
+/// panic, because peers are not trusted.
+struct Fields {
+    buf: Bytes,
+    what: &'static str,
+}
+
+impl Fields {
+    fn need(&self, n: usize) -> Result<(), FrameError> {
+        if self.buf.remaining() < n {
+            Err(FrameError::Malformed(self.what))
+        } else {
+            Ok(())
+        }
+    }
+    fn u8(&mut self) -> Result<u8, FrameError> {
+        self.need(1)?;
+        Ok(self.buf.get_u8())
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        self.need(4)?;
+        Ok(self.buf.get_u32_le())
+    }
+    fn u64(&mut self) -> Result<u64, FrameError> {
+        self.need(8)?;
+        Ok(self.buf.get_u64_le())
+    }
+    fn chunk(&mut self) -> Result<ChunkId, FrameError> {
+        Ok(ChunkId {
+            volume_id: self.u64()?,
+            index: self.u64()?,
+        })
+    }
+    fn forward(&mut self) -> Result<Vec<String>, FrameError> {
+        let count = self.u8()? as usize;
+        if count > FORWARD_MAX {
+            return Err(FrameError::Malformed(self.what));
+        }
+        let mut out = Vec::with_capacity(count);
+        for _ in 0..count {
+            self.need(2)?;
+            let len = self.buf.get_u16_le() as usize;
+            self.need(len)?;
+            let raw = self.buf.split_to(len);
+            out.push(
+                String::from_utf8(raw.to_vec()).map_err(|_| FrameError::Malformed(self.what))?,
+            );
+        }
+        Ok(out)
+    }
+    fn end(&self) -> Result<(), FrameError> {
+        if self.buf.has_remaining() {
+            Err(FrameError::Malformed(self.what))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Request {
+    pub fn encode(&self, request_id: u64) -> Frame {
+        let mut f = BytesMut::new();
+        let mut data = Bytes::new();
+        let kind = match self {
+            Request::Hello { version } => {
+                f.put_u32_le(*version);
+                KIND_HELLO
+            }
+            Request::Write {
+                chunk,
+                offset,
+                forward,
+                data: d,
+            } => {
+                put_chunk(&mut f, *chunk);
+                f.put_u64_le(*offset);
+                put_forward(&mut f, forward);
+                data = d.clone();
+                KIND_WRITE
+            }
+            Request::Read {
+                chunk,
+                offset,
+                length,
+            } => {
+                put_chunk(&mut f, *chunk);
+                f.put_u64_le(*offset);
+                f.put_u32_le(*length);
+                KIND_READ
+            }
+            Request::Zero {
+                chunk,
+                offset,
+                length,
+                punch,
+                forward,
+            } => {
+                put_chunk(&mut f, *chunk);
+                f.put_u64_le(*offset);
+                f.put_u64_le(*length);
+                f.put_u8(*punch as u8);
+                put_forward(&mut f, forward);
+                KIND_ZERO
+            }
+            Request::Control(c) => {
+                f.extend_from_slice(&serde_json::to_vec(c).expect("control requests serialize"));
+                KIND_CONTROL
+            }
+        };
+        Frame {
+            kind,
+            status: Status::Ok as u16,
+            request_id,
+            fields: f.freeze(),
+            data,
+        }
+    }
+
+    pub fn decode(frame: Frame) -> Result<Request, FrameError> {
+        let what = "request";
+        let mut r = Fields {
+            buf: frame.fields,
+            what,
+        };
+        let request = match frame.kind {
+            KIND_HELLO => Request::Hello { version: r.u32()? },
+            KIND_WRITE => {
+                let chunk = r.chunk()?;
+                let offset = r.u64()?;
+                let forward = r.forward()?;
+                let data = std::mem::take(&mut r.buf);
+                Request::Write {
+                    chunk,
+                    offset,
+                    forward,
+                    data,
+                }
+            }
+            KIND_READ => Request::Read {
+                chunk: r.chunk()?,
+                offset: r.u64()?,
+                length: r.u32()?,
+            },
+            KIND_ZERO => Request::Zero {
+                chunk: r.chunk()?,
+                offset: r.u64()?,
+                length: r.u64()?,
+                punch: r.u8()? != 0,
+                forward: r.forward()?,
+            },
+            KIND_CONTROL => {
+                let c = serde_json::from_slice(&r.buf).map_err(|_| FrameError::Malformed(what))?;
+                r.buf.clear();
+                Request::Control(c)
+            }
+            other => return Err(FrameError::UnknownKind(other)),
+        };
+        r.end()?;
+        Ok(request)
+    }
+
+    fn kind(&self) -> u16 {
+        match self {
+            Request::Hello { .. } => KIND_HELLO,
+            Request::Write { .. } => KIND_WRITE,
+            Request::Read { .. } => KIND_READ,
+            Request::Zero { .. } => KIND_ZERO,
+            Request::Control(_) => KIND_CONTROL,
+        }
+    }
+}
+
+impl Response {
+    /// Encodes a reply to a request of `kind` (the reply echoes the kind).
+    pub fn encode(&self, kind: u16, request_id: u64) -> Frame {
+        let mut f = BytesMut::new();
+        let mut data = Bytes::new();
+        let mut status = Status::Ok;
+        match self {
+            Response::Hello { version } => f.put_u32_le(*version),
+            Response::Done => {}
+            Response::Data(d) => data = d.clone(),
+            Response::Control(c) => {
+                f.extend_from_slice(&serde_json::to_vec(c).expect("control responses serialize"))
+            }
+            Response::Error { status: s, message } => {
+                status = *s;
+                f.extend_from_slice(message.as_bytes());
+            }
+        }
+        Frame {
+            kind,
+            status: status as u16,
+            request_id,
+            fields: f.freeze(),
+            data,
+        }
+    }
+
+    pub fn decode(frame: Frame) -> Result<Response, FrameError> {
+        let what = "response";
+        if frame.status != Status::Ok as u16 {
+            return Ok(Response::Error {
+                status: Status::from_u16(frame.status),
+                message: String::from_utf8_lossy(&frame.fields).into_owned(),
+            });
+        }
+        let mut r = Fields {
+            buf: frame.fields,
+            what,
+        };
+        let response = match frame.kind {
+            KIND_HELLO => Response::Hello { version: r.u32()? },
+            KIND_WRITE | KIND_ZERO => Response::Done,
+            KIND_READ => Response::Data(std::mem::take(&mut r.buf)),
+            KIND_CONTROL => {
+                let c = serde_json::from_slice(&r.buf).map_err(|_| FrameError::Malformed(what))?;
+                r.buf.clear();
+                Response::Control(c)
+            }
+            other => return Err(FrameError::UnknownKind(other)),
+        };
+        r.end()?;
+        Ok(response)
+    }
+}
+
+/// The kind of a request, echoed by its reply.
+pub fn request_kind(request: &Request) -> u16 {
+    request.kind()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(request: Request) {
+        let mut frame = request.encode(9);
+        // A frame read from a socket has the whole payload in `fields`.
+        let mut all = BytesMut::from(&frame.fields[..]);
+        all.extend_from_slice(&frame.data);
+        frame.fields = all.freeze();
+        frame.data = Bytes::new();
+        assert_eq!(Request::decode(frame).unwrap(), request);
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let chunk = ChunkId {
+            volume_id: 3,
+            index: 77,
+        };
+        roundtrip(Request::Hello { version: 1 });
+        roundtrip(Request::Write {
+            chunk,
+            offset: 4096,
+            forward: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            data: Bytes::from(vec![5u8; 4096]),
+        });
+        roundtrip(Request::Read {
+            chunk,
+            offset: 1,
+            length: 2,
+        });
+        roundtrip(Request::Zero {
+            chunk,
+            offset: 0,
+            length: 1 << 20,
+            punch: true,
+            forward: vec![],
+        });
+        roundtrip(Request::Control(ControlRequest::GetVolumeMap {
+            name: "demo".into(),
+        }));
+    }
+
+    #[test]
+    fn truncated_fields_are_errors_not_panics() {
+        let frame = Request::Read {
+            chunk: ChunkId {
+                volume_id: 1,
+                index: 2,
+            },
+            offset: 3,
+            length: 4,
+        }
+        .encode(1);
+        for cut in 0..frame.fields.len() {
+            let truncated = Frame {
+                fields: frame.fields.slice(..cut),
+                ..frame.clone()
+            };
+            assert!(Request::decode(truncated).is_err());
+        }
+        let garbage = Frame {
+            kind: KIND_CONTROL,
+            fields: Bytes::from_static(b"{not json"),
+            ..frame
+        };
+        assert!(Request::decode(garbage).is_err());
+    }
+}

@@ -1,0 +1,106 @@
+//! The serving side: accept loop, handshake, and per-connection request dispatch.
+//!
+//! Each request runs as its own task so replies may return out of order; replies are
+//! batched into few socket writes by the same writer as the client side. A malformed
+//! frame is logged and answered with an error; a frame whose boundaries are lost
+//! (bad magic, absurd length) closes that connection only.
+
+use crate::connection::{write_loop, IN_FLIGHT_MAX};
+use crate::frame::{Frame, FrameError, Status};
+use crate::message::{request_kind, Request, Response};
+use crate::PROTOCOL_VERSION;
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+
+pub trait Handler: Send + Sync + 'static {
+    /// Serves one request (never `Hello`, which the server answers itself).
+    fn handle(self: Arc<Self>, request: Request) -> impl Future<Output = Response> + Send;
+}
+
+/// Accepts connections until the listener fails.
+pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::io::Result<()> {
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        stream.set_nodelay(true).ok();
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_connection(stream, handler).await {
+                tracing::warn!(%peer, "connection closed: {e}");
+            }
+        });
+    }
+}
+
+async fn serve_connection<H: Handler>(
+    stream: TcpStream,
+    handler: Arc<H>,
+) -> Result<(), FrameError> {
+    let (mut reader, writer) = stream.into_split();
+    let (replies, replies_rx) = mpsc::channel::<Frame>(IN_FLIGHT_MAX);
+    tokio::spawn(write_loop(
+        writer,
+        replies_rx,
+        Arc::new(AtomicBool::new(false)),
+    ));
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
+    let mut greeted = false;
+    loop {
+        let frame = match Frame::read(&mut reader).await {
+            Ok(frame) => frame,
+            Err(FrameError::Closed) => return Ok(()),
+            Err(FrameError::BadCrc { request_id, .. }) => {
+                let error = Response::error(Status::BadRequest, "payload crc mismatch");
+                tracing::warn!(request_id, "rejected a frame with a bad crc");
+                let _ = replies.send(error.encode(0, request_id)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let (kind, request_id) = (frame.kind, frame.request_id);
+        let request = match Request::decode(frame) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::warn!(request_id, "rejected a malformed request: {e}");
+                let error = Response::error(Status::BadRequest, e.to_string());
+                let _ = replies.send(error.encode(kind, request_id)).await;
+                continue;
+            }
+        };
+        if let Request::Hello { version } = request {
+            let reply = if version == PROTOCOL_VERSION {
+                greeted = true;
+                Response::Hello {
+                    version: PROTOCOL_VERSION,
+                }
+            } else {
+                Response::error(
+                    Status::VersionMismatch,
+                    format!("protocol version {version} not supported; this server speaks {PROTOCOL_VERSION}: upgrade the older side"),
+                )
+            };
+            let _ = replies.send(reply.encode(kind, request_id)).await;
+            continue;
+        }
+        if !greeted {
+            let error = Response::error(Status::BadRequest, "expected Hello first");
+            let _ = replies.send(error.encode(kind, request_id)).await;
+            return Err(FrameError::Malformed("handshake"));
+        }
+        let permit = in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
+        let handler = handler.clone();
+        let replies = replies.clone();
+        let kind = request_kind(&request);
+        tokio::spawn(async move {
+            let response = handler.handle(request).await;
+            let _ = replies.send(response.encode(kind, request_id)).await;
+            drop(permit);
+        });
+    }
+}
