@@ -26,9 +26,6 @@ use std::sync::Arc;
 
 pub use server::serve;
 
-/// The IANA port for NBD.
-pub const DEFAULT_PORT: u16 = 10809;
-
 /// Where the server finds its exports; the gateway implements it over the master.
 #[async_trait]
 pub trait Exports: Send + Sync + 'static {

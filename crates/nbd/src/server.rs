@@ -4,7 +4,6 @@
 use crate::input::Input;
 use crate::{handshake, transmission, Exports};
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -33,7 +32,7 @@ pub async fn serve(listener: TcpListener, exports: Arc<dyn Exports>, shutdown: i
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let span = tracing::info_span!("nbd", %peer);
-                    let client = serve_client(stream, peer, exports.clone(), stopped.clone());
+                    let client = serve_client(stream, exports.clone(), stopped.clone());
                     clients.spawn(client.instrument(span));
                 }
                 Err(e) => {
@@ -54,7 +53,6 @@ pub async fn serve(listener: TcpListener, exports: Arc<dyn Exports>, shutdown: i
 
 async fn serve_client(
     stream: TcpStream,
-    peer: SocketAddr,
     exports: Arc<dyn Exports>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -71,11 +69,11 @@ async fn serve_client(
     let session = match negotiated {
         Ok(Some(session)) => session,
         Ok(None) => return tracing::debug!("client left during the handshake"),
-        Err(e) => return tracing::warn!("NBD handshake with {peer} failed: {e}"),
+        Err(e) => return tracing::warn!("NBD handshake failed: {e}"),
     };
     tracing::info!(export = %session.name, structured = session.structured, "client attached");
     match transmission::serve(input, write, session, stop).await {
         Ok(()) => tracing::debug!("client detached"),
-        Err(e) => tracing::warn!("NBD connection to {peer} dropped: {e}"),
+        Err(e) => tracing::warn!("NBD connection dropped: {e}"),
     }
 }

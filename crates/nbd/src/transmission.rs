@@ -15,15 +15,19 @@ use crate::writer::{self, Outgoing};
 use bytes::Bytes;
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 const MAX_IN_FLIGHT: usize = 128;
-const MAX_IN_FLIGHT_BYTES: usize = 256 << 20;
+const MAX_IN_FLIGHT_BYTES: usize = 128 << 20;
 /// A WRITE longer than MAX_BLOCK but at most this is read and discarded so the
 /// connection survives an EINVAL; anything longer is not worth the bandwidth.
 const MAX_DRAINED_WRITE: u32 = 4 * MAX_BLOCK;
+/// How long a stopping server waits for a client's in-flight replies to go out, so a
+/// client that stopped reading them cannot hold the shutdown up forever.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// A request's share of the connection's in-flight limits, released on drop.
 pub(crate) struct Budget {
@@ -32,8 +36,8 @@ pub(crate) struct Budget {
 }
 
 /// Serves requests until the client disconnects, sends NBD_CMD_DISC, violates the
-/// protocol, or `shutdown` turns true. In-flight requests are always answered before
-/// the socket is closed.
+/// protocol, or `shutdown` turns true. In-flight requests are answered before the
+/// socket is closed (within `SHUTDOWN_GRACE` once shutting down).
 pub(crate) async fn serve<R, W>(
     mut input: Input<R>,
     socket: W,
@@ -45,10 +49,26 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (replies, replies_rx) = mpsc::channel(MAX_IN_FLIGHT);
-    let writer = tokio::spawn(writer::run(socket, replies_rx).in_current_span());
-    let read = read_requests(&mut input, Arc::new(session), &replies, &mut shutdown).await;
+    let mut writer = tokio::spawn(writer::run(socket, replies_rx).in_current_span());
+    // Stopping may interrupt the loop anywhere, even mid-payload: the request being
+    // read is dropped, the ones already running still get their replies.
+    let read = tokio::select! {
+        read = read_requests(&mut input, Arc::new(session), &replies) => read,
+        _ = shutdown.wait_for(|stop| *stop) => Ok(()),
+    };
     drop(replies);
-    let written = writer.await.map_err(io::Error::other)?;
+    let grace_over = async {
+        // A closed sender also means shutdown: the server is gone.
+        let _ = shutdown.wait_for(|stop| *stop).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    let written = tokio::select! {
+        written = &mut writer => written.map_err(io::Error::other)?,
+        _ = grace_over => {
+            writer.abort();
+            Err(io::Error::new(io::ErrorKind::TimedOut, "replies still unsent at shutdown"))
+        }
+    };
     read.and(written)
 }
 
@@ -56,14 +76,11 @@ async fn read_requests<R: AsyncRead + Unpin>(
     input: &mut Input<R>,
     session: Arc<Session>,
     replies: &mpsc::Sender<Outgoing>,
-    shutdown: &mut watch::Receiver<bool>,
 ) -> io::Result<()> {
     let requests = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
     loop {
         let header = tokio::select! {
-            // A closed sender also means shutdown: the server is gone.
-            _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
             // The writer failed (client gone): nobody would see more replies.
             _ = replies.closed() => return Ok(()),
             header = input.message(Header::LEN) => match header? {

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -20,6 +20,7 @@ pub const IN_FLIGHT_MAX: usize = 256;
 /// Frames or bytes gathered into one socket write.
 const BATCH_FRAMES_MAX: usize = 64;
 const WRITE_BUFFER_BYTES: usize = 256 << 10;
+pub(crate) const READ_BUFFER_BYTES: usize = 256 << 10;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -56,7 +57,9 @@ impl Connection {
             .map_err(|_| connect_error("timed out".into()))?
             .map_err(|e| connect_error(e.to_string()))?;
         stream.set_nodelay(true).ok();
-        let (mut read_half, write_half) = stream.into_split();
+        let (read_half, write_half) = stream.into_split();
+        // Buffered so a burst of small replies costs one recv, not two per frame.
+        let mut read_half = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
         let (outgoing, outgoing_rx) = mpsc::channel(IN_FLIGHT_MAX);
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));

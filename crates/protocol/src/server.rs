@@ -5,13 +5,14 @@
 //! frame is logged and answered with an error; a frame whose boundaries are lost
 //! (bad magic, absurd length) closes that connection only.
 
-use crate::connection::{write_loop, IN_FLIGHT_MAX};
+use crate::connection::{write_loop, IN_FLIGHT_MAX, READ_BUFFER_BYTES};
 use crate::frame::{Frame, FrameError, Status};
 use crate::message::{request_kind, Request, Response};
 use crate::PROTOCOL_VERSION;
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
@@ -38,7 +39,8 @@ async fn serve_connection<H: Handler>(
     stream: TcpStream,
     handler: Arc<H>,
 ) -> Result<(), FrameError> {
-    let (mut reader, writer) = stream.into_split();
+    let (reader, writer) = stream.into_split();
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let (replies, replies_rx) = mpsc::channel::<Frame>(IN_FLIGHT_MAX);
     tokio::spawn(write_loop(
         writer,

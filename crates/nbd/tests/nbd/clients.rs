@@ -6,33 +6,60 @@ use rand::{Rng, SeedableRng};
 #[test]
 fn qemu_io_patterns_discard_and_write_zeroes() {
     let server = Server::start();
-    let out = succeed(tool("qemu-io").args(["-f", "raw", &server.uri("disk")]).args([
-        "-c", "write -P 0xab 0 1M",
-        "-c", "read -P 0xab 0 1M",
-        "-c", "discard 0 64k",
-        "-c", "read -P 0 0 64k",
-        "-c", "write -P 0xcd 2M 128k",
-        "-c", "write -z 2M 64k",
-        "-c", "write -z -u 2112k 64k",
-        "-c", "read -P 0 2M 128k",
-        "-c", "aio_write -P 0x11 8M 64k",
-        "-c", "aio_write -P 0x22 9M 64k",
-        "-c", "aio_flush",
-        "-c", "read -P 0x11 8M 64k",
-        "-c", "read -P 0x22 9M 64k",
-        "-c", "flush",
-    ]));
+    let out = succeed(
+        tool("qemu-io")
+            .args(["-f", "raw", &server.uri("disk")])
+            .args([
+                "-c",
+                "write -P 0xab 0 1M",
+                "-c",
+                "read -P 0xab 0 1M",
+                "-c",
+                "discard 0 64k",
+                "-c",
+                "read -P 0 0 64k",
+                "-c",
+                "write -P 0xcd 2M 128k",
+                "-c",
+                "write -z 2M 64k",
+                "-c",
+                "write -z -u 2112k 64k",
+                "-c",
+                "read -P 0 2M 128k",
+                "-c",
+                "aio_write -P 0x11 8M 64k",
+                "-c",
+                "aio_write -P 0x22 9M 64k",
+                "-c",
+                "aio_flush",
+                "-c",
+                "read -P 0x11 8M 64k",
+                "-c",
+                "read -P 0x22 9M 64k",
+                "-c",
+                "flush",
+            ]),
+    );
     assert!(!out.contains("verification failed"), "{out}");
 
     // The bytes really are on the device, and each operation left the expected kind
     // of allocation behind.
     assert_eq!(server.disk_read(0, 65536), vec![0; 65536]);
-    assert_eq!(server.disk_read(65536, (1 << 20) - 65536), vec![0xab; (1 << 20) - 65536]);
-    assert!(server.disk_extents(0, 65536).iter().all(|e| e.hole), "discard punches");
+    assert_eq!(
+        server.disk_read(65536, (1 << 20) - 65536),
+        vec![0xab; (1 << 20) - 65536]
+    );
+    assert!(
+        server.disk_extents(0, 65536).iter().all(|e| e.hole),
+        "discard punches"
+    );
     // write -z without -u sets NO_HOLE: zeroes are written, space stays allocated...
     assert!(server.disk_extents(2 * MIB, 65536).iter().all(|e| !e.hole));
     // ...and with -u (may unmap) the range is punched.
-    assert!(server.disk_extents(2 * MIB + 65536, 65536).iter().all(|e| e.hole));
+    assert!(server
+        .disk_extents(2 * MIB + 65536, 65536)
+        .iter()
+        .all(|e| e.hole));
     assert_eq!(server.disk_read(8 * MIB, 65536), vec![0x11; 65536]);
 }
 
@@ -40,16 +67,26 @@ fn qemu_io_patterns_discard_and_write_zeroes() {
 fn qemu_io_sees_mismatches_and_device_errors() {
     let server = Server::start();
     // The pattern check does detect wrong data (so the test above can fail).
-    let out = fail(tool("qemu-io").args(["-f", "raw", &server.uri("disk"), "-c", "read -P 0xcd 0 4k"]));
+    let out =
+        fail(tool("qemu-io").args(["-f", "raw", &server.uri("disk"), "-c", "read -P 0xcd 0 4k"]));
     assert!(out.contains("Pattern verification failed"), "{out}");
 
     let out = fail(tool("qemu-io").args(["-f", "raw", &server.uri("ro"), "-c", "write 0 4k"]));
-    assert!(out.contains("Operation not permitted"), "read-only must map to EPERM: {out}");
+    assert!(
+        out.contains("Operation not permitted"),
+        "read-only must map to EPERM: {out}"
+    );
     let out = fail(tool("qemu-io").args(["-f", "raw", &server.uri("full"), "-c", "write 0 4k"]));
-    assert!(out.contains("No space left on device"), "NoSpace must map to ENOSPC: {out}");
+    assert!(
+        out.contains("No space left on device"),
+        "NoSpace must map to ENOSPC: {out}"
+    );
 
     let out = fail(tool("qemu-io").args(["-f", "raw", &server.uri("nope"), "-c", "read 0 1"]));
-    assert!(out.contains(r#"no volume named "nope" here"#), "message from Exports::open: {out}");
+    assert!(
+        out.contains(r#"no volume named "nope" here"#),
+        "message from Exports::open: {out}"
+    );
 }
 
 #[test]
@@ -63,22 +100,59 @@ fn qemu_img_convert_compare_and_map() {
     let source = source.to_str().unwrap();
 
     let info = succeed(tool("qemu-img").args(["info", &server.uri("disk")]));
-    assert!(info.contains("virtual size: 64 MiB (67108864 bytes)"), "{info}");
+    assert!(
+        info.contains("virtual size: 64 MiB (67108864 bytes)"),
+        "{info}"
+    );
 
-    succeed(tool("qemu-img").args(["convert", "-n", "-f", "raw", "-O", "raw", source, &server.uri("disk")]));
-    let same = succeed(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", source, &server.uri("disk")]));
+    succeed(tool("qemu-img").args([
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        source,
+        &server.uri("disk"),
+    ]));
+    let same = succeed(tool("qemu-img").args([
+        "compare",
+        "-f",
+        "raw",
+        "-F",
+        "raw",
+        source,
+        &server.uri("disk"),
+    ]));
     assert!(same.contains("Images are identical"), "{same}");
     assert_eq!(server.disk_read(0, 8 << 20), data);
 
     let map = succeed(tool("qemu-img").args(["map", "--output=json", &server.uri("disk")]));
-    let data_extents: Vec<&str> = map.lines().filter(|l| l.contains(r#""data": true"#)).collect();
+    let data_extents: Vec<&str> = map
+        .lines()
+        .filter(|l| l.contains(r#""data": true"#))
+        .collect();
     assert_eq!(data_extents.len(), 1, "{map}");
-    assert!(data_extents[0].contains(r#""start": 1048576, "length": 2097152"#), "{map}");
+    assert!(
+        data_extents[0].contains(r#""start": 1048576, "length": 2097152"#),
+        "{map}"
+    );
 
     // And a difference is noticed.
-    server.block_on(server.disk.write(5 * MIB, bytes::Bytes::from_static(b"x"), false)).unwrap();
-    let differ = fail(tool("qemu-img").args(["compare", "-f", "raw", "-F", "raw", source, &server.uri("disk")]));
-    assert!(differ.contains("Content mismatch at offset 5242880"), "{differ}");
+    server.disk_write(5 * MIB, b"x");
+    let differ = fail(tool("qemu-img").args([
+        "compare",
+        "-f",
+        "raw",
+        "-F",
+        "raw",
+        source,
+        &server.uri("disk"),
+    ]));
+    assert!(
+        differ.contains("Content mismatch at offset 5242880"),
+        "{differ}"
+    );
 }
 
 #[test]
@@ -89,7 +163,8 @@ fn nbdinfo_size_list_map_and_errors() {
     let size = succeed(tool("nbdinfo").args(["--size", &server.uri("")]));
     assert_eq!(size.trim(), DEFAULT_SIZE.to_string(), "the default export");
 
-    let list = succeed(tool("nbdinfo").args(["--list", &format!("nbd://127.0.0.1:{}", server.port)]));
+    let list =
+        succeed(tool("nbdinfo").args(["--list", &format!("nbd://127.0.0.1:{}", server.port)]));
     for export in [r#"export="":"#, r#"export="disk":"#, r#"export="ro":"#] {
         assert!(list.contains(export), "{export} missing from\n{list}");
     }
@@ -113,8 +188,7 @@ fn nbdinfo_size_list_map_and_errors() {
         assert!(json.contains(fact), "{fact} missing from\n{json}");
     }
 
-    let data = bytes::Bytes::from(vec![0x5a; 3 << 20]);
-    server.block_on(server.disk.write(4 * MIB, data, false)).unwrap();
+    server.disk_write(4 * MIB, &vec![0x5a; 3 << 20]);
     let map = succeed(tool("nbdinfo").args(["--map", &server.uri("disk")]));
     let rows: Vec<Vec<String>> = map
         .lines()
@@ -125,7 +199,11 @@ fn nbdinfo_size_list_map_and_errors() {
         ["4194304", "3145728", "0", "data"],
         ["7340032", "59768832", "3", "hole,zero"],
     ];
-    assert_eq!(rows, expected.map(|r| r.map(str::to_owned).to_vec()).to_vec(), "{map}");
+    assert_eq!(
+        rows,
+        expected.map(|r| r.map(str::to_owned).to_vec()).to_vec(),
+        "{map}"
+    );
 
     let out = fail(tool("nbdinfo").args([&server.uri("nope")]));
     assert!(out.contains("server replied with error to opt_go"), "{out}");
@@ -147,7 +225,10 @@ fn nbdcopy_round_trip() {
 
     // nbdcopy uses several connections (CAN_MULTI_CONN) with many requests each.
     succeed(tool("nbdcopy").arg(&source).arg(server.uri("disk")));
-    assert!(server.disk_read(0, DISK_SIZE as u32) == data, "device differs from the source");
+    assert!(
+        server.disk_read(0, DISK_SIZE as u32) == data,
+        "device differs from the source"
+    );
     succeed(tool("nbdcopy").arg(server.uri("disk")).arg(&copy));
     succeed(tool("cmp").arg(&source).arg(&copy));
 }
@@ -175,7 +256,11 @@ fn nbdsh_structured_and_simple_replies() {
     let server = Server::start();
     let script = NBDSH_SCRIPT.replace("@URI@", &server.uri("disk"));
     let out = succeed(tool("nbdsh").args(["-c", &script]));
-    assert_eq!(out.trim(), "checked structured=True\nchecked structured=False", "{out}");
+    assert_eq!(
+        out.trim(),
+        "checked structured=True\nchecked structured=False",
+        "{out}"
+    );
 }
 
 /// Runs once with structured replies and once without. Strict mode is off so libnbd

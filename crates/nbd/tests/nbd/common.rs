@@ -81,7 +81,10 @@ impl Exports for TestExports {
         Ok(self.0.keys().cloned().collect())
     }
     async fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
-        self.0.get(name).cloned().ok_or_else(|| format!("no volume named {name:?} here"))
+        self.0
+            .get(name)
+            .cloned()
+            .ok_or_else(|| format!("no volume named {name:?} here"))
     }
 }
 
@@ -113,27 +116,48 @@ impl Server {
         exports.insert(String::new(), Arc::new(MemoryDevice::new(DEFAULT_SIZE)));
         let ro = WritesFail(MemoryDevice::new(MIB), IoError::ReadOnly);
         exports.insert("ro".into(), Arc::new(ro));
-        let full = WritesFail(MemoryDevice::new(MIB), IoError::NoSpace("pool empty".into()));
+        let full = WritesFail(
+            MemoryDevice::new(MIB),
+            IoError::NoSpace("pool empty".into()),
+        );
         exports.insert("full".into(), Arc::new(full));
         exports.insert("slow".into(), Arc::new(SlowReads(MemoryDevice::new(MIB))));
         let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
         let port = listener.local_addr().unwrap().port();
         let (stop, stopped) = oneshot::channel::<()>();
-        let served = runtime.spawn(floe_nbd::serve(listener, Arc::new(TestExports(exports)), stopped));
-        Server { port, disk, runtime, stop: Some(stop), served: Some(served) }
+        let served = runtime.spawn(floe_nbd::serve(
+            listener,
+            Arc::new(TestExports(exports)),
+            stopped,
+        ));
+        Server {
+            port,
+            disk,
+            runtime,
+            stop: Some(stop),
+            served: Some(served),
+        }
     }
 
     pub fn uri(&self, export: &str) -> String {
         format!("nbd://127.0.0.1:{}/{export}", self.port)
     }
 
-    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.runtime.block_on(f)
     }
 
     /// Reads the "disk" export directly, bypassing NBD.
     pub fn disk_read(&self, offset: u64, length: u32) -> Vec<u8> {
-        self.block_on(self.disk.read(offset, length)).unwrap().to_vec()
+        self.block_on(self.disk.read(offset, length))
+            .unwrap()
+            .to_vec()
+    }
+
+    /// Writes the "disk" export directly, bypassing NBD.
+    pub fn disk_write(&self, offset: u64, data: &[u8]) {
+        let data = bytes::Bytes::copy_from_slice(data);
+        self.block_on(self.disk.write(offset, data, false)).unwrap();
     }
 
     pub fn disk_extents(&self, offset: u64, length: u64) -> Vec<Extent> {
@@ -144,13 +168,17 @@ impl Server {
     pub fn stop(&mut self, timeout: Duration) -> bool {
         let _ = self.stop.take().expect("stopped once").send(());
         let served = self.served.take().unwrap();
-        self.runtime.block_on(tokio::time::timeout(timeout, served)).is_ok()
+        self.block_on(async { tokio::time::timeout(timeout, served).await })
+            .is_ok()
     }
 }
 
 /// Panics with a hint when a client this suite needs is not installed.
 pub fn tool(name: &str) -> Command {
-    let found = Command::new("which").arg(name).output().map(|o| o.status.success());
+    let found = Command::new("which")
+        .arg(name)
+        .output()
+        .map(|o| o.status.success());
     assert!(
         matches!(found, Ok(true)),
         "{name} not installed: apt-get install -y qemu-utils libnbd-bin python3-libnbd fio nbdkit"
@@ -189,7 +217,11 @@ pub fn succeed(command: &mut Command) -> String {
     let output = run(command);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{command:?} failed: {}\n{stdout}\n{stderr}", output.status);
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}\n{stdout}\n{stderr}",
+        output.status
+    );
     stdout
 }
 
@@ -201,6 +233,9 @@ pub fn fail(command: &mut Command) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(!output.status.success(), "{command:?} unexpectedly succeeded:\n{text}");
+    assert!(
+        !output.status.success(),
+        "{command:?} unexpectedly succeeded:\n{text}"
+    );
     text
 }

@@ -1,0 +1,161 @@
+//! Test harness: a real `floe demo` cluster (separate OS processes on loopback, ports
+//! picked by the test) and helpers to run the real NBD clients against it.
+
+use serde::Deserialize;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+pub const FLOE: &str = env!("CARGO_BIN_EXE_floe");
+/// Ports each cluster takes: master, six chunk servers, NBD.
+const PORTS_PER_CLUSTER: u16 = 8;
+
+#[derive(Deserialize, Debug, Clone)]
+pub struct DemoFile {
+    pub nbd_uri: String,
+    pub master: String,
+    pub master_pid: u32,
+    pub chunkserver_pids: Vec<u32>,
+    pub gateway_pid: u32,
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub port: u16,
+    pub metadata: Option<String>,
+    demo: Option<Child>,
+    pub info: DemoFile,
+}
+
+/// A block of free ports; different tests in one run never share one.
+fn free_ports() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    loop {
+        let slot = NEXT.fetch_add(1, Ordering::SeqCst);
+        let base = 20000 + (std::process::id() as u16 % 200) * 100 + slot * PORTS_PER_CLUSTER;
+        let all_free = (0..PORTS_PER_CLUSTER)
+            .all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+}
+
+impl Cluster {
+    /// Starts a demo cluster on a fresh directory with the embedded metadata store.
+    pub fn start(dir: &Path) -> Cluster {
+        Cluster::start_on(dir, free_ports(), None)
+    }
+
+    pub fn start_on(dir: &Path, port: u16, metadata: Option<String>) -> Cluster {
+        let mut command = Command::new(FLOE);
+        command
+            .args(["demo", "--dir"])
+            .arg(dir)
+            .args(["--port", &port.to_string()])
+            .args(["--nbd-port", &(port + PORTS_PER_CLUSTER - 1).to_string()])
+            .args(["--size", "1G"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(m) = &metadata {
+            command.args(["--metadata", m]);
+        }
+        let _ = std::fs::remove_file(dir.join("demo.json"));
+        let mut demo = command.spawn().expect("floe demo starts");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let info = loop {
+            if let Ok(text) = std::fs::read_to_string(dir.join("demo.json")) {
+                if let Ok(info) = serde_json::from_str::<DemoFile>(&text) {
+                    break info;
+                }
+            }
+            if let Ok(Some(status)) = demo.try_wait() {
+                panic!("floe demo exited before ready: {status}; logs in {}", dir.display());
+            }
+            assert!(Instant::now() < deadline, "floe demo not ready in time");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        Cluster {
+            dir: dir.to_path_buf(),
+            port,
+            metadata,
+            demo: Some(demo),
+            info,
+        }
+    }
+
+    pub fn uri(&self) -> &str {
+        &self.info.nbd_uri
+    }
+
+    /// Stops the whole cluster as a user would (SIGTERM to the demo) and waits.
+    pub fn stop(&mut self) {
+        if let Some(mut demo) = self.demo.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(demo.id() as i32, libc::SIGTERM) };
+            let status = demo.wait().expect("demo exits");
+            assert!(status.success(), "floe demo stopped uncleanly: {status}");
+        }
+    }
+
+    /// Stops the cluster and starts it again on the same directory and ports.
+    pub fn restart(&mut self) {
+        self.stop();
+        let again = Cluster::start_on(&self.dir, self.port, self.metadata.clone());
+        *self = again;
+    }
+
+    /// Runs `floe ARGS` against this cluster's master; returns stdout.
+    pub fn floe(&self, args: &[&str]) -> String {
+        let mut all = vec!["--master", &self.info.master];
+        all.extend_from_slice(args);
+        ok(Command::new(FLOE).args(&all))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut demo) = self.demo.take() {
+            unsafe { libc::kill(demo.id() as i32, libc::SIGTERM) };
+            let _ = demo.wait();
+        }
+    }
+}
+
+/// Runs a command, panicking with its output unless it succeeds; returns stdout.
+pub fn ok(command: &mut Command) -> String {
+    let out = output(command);
+    assert!(
+        out.status.success(),
+        "{command:?} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn output(command: &mut Command) -> Output {
+    command
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e} (is it installed? see .ci/run)"))
+}
+
+/// `nbdsh` with the system Python, which has the libnbd module.
+pub fn nbdsh() -> Command {
+    let mut command = Command::new("/usr/bin/nbdsh");
+    let path = std::env::var("PATH").unwrap_or_default();
+    command.env("PATH", format!("/usr/bin:{path}"));
+    command
+}
+
+/// A file of `bytes` random bytes.
+pub fn random_file(path: &Path, bytes: usize) {
+    use rand::RngCore;
+    let mut data = vec![0u8; bytes];
+    rand::thread_rng().fill_bytes(&mut data);
+    std::fs::write(path, data).unwrap();
+}
