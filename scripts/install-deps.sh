@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Floe needs, only those missing.
+#   build:  protobuf-compiler (etcd-client generates its gRPC code at build time)
+#   test:   the real NBD clients and tools the end-to-end tests drive, and etcd
+set -euo pipefail
+want=(protobuf-compiler)
+if [ "${1:-}" = "--test" ]; then
+  want+=(fio qemu-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux)
+fi
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing packages: ${missing[*]}; install them (apt-get install ${missing[*]}) or run as root" >&2
+  exit 1
+fi
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
