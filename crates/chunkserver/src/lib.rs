@@ -105,7 +105,7 @@ async fn heartbeat_loop(master: String, registration: ControlRequest, store: Sto
             None => registration.clone(),
             Some(id) => {
                 beats += 1;
-                if beats % USAGE_REFRESH_HEARTBEATS == 0 {
+                if beats.is_multiple_of(USAGE_REFRESH_HEARTBEATS) {
                     used_bytes = store.used_bytes();
                 }
                 ControlRequest::Heartbeat { id, used_bytes }

@@ -1,7 +1,8 @@
 //! The chunk layer: each chunk has replicas on several chunk servers, primary first.
 //!
-//! Writes go to the primary, which forwards them to the backups and answers once all
-//! are durable (the URSA protocol's versions, views and repair come on top of this).
+//! A write completes when every replica has it durable: small writes are sent by the
+//! client to all replicas, larger ones to the primary, which forwards them to the
+//! backups (the URSA protocol's versions, views and repair come on top of this).
 //! A chunk is allocated by the master on its first write; until then it reads as
 //! zeroes without a network round trip. Transport failures are retried with a fresh
 //! server map, since a restarted chunk server may have a new address.
@@ -23,6 +24,8 @@ use std::time::Duration;
 /// Attempts of one chunk request over transport failures, with this pause between.
 const ATTEMPTS_MAX: u32 = 8;
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// Writes up to this size are sent by the client to all replicas (URSA's T_c).
+const CLIENT_DIRECTED_BYTES_MAX: usize = 8 << 10;
 
 pub struct ReplicatedChunks {
     master: Arc<MasterClient>,
@@ -130,28 +133,41 @@ impl ReplicatedChunks {
         }
     }
 
-    /// Sends a change to the primary, which forwards it to the backups in the request.
+    /// Sends a change to every replica and waits until all have it durable. Small
+    /// changes go from the client to each replica at once (URSA's client-directed
+    /// replication: one network hop instead of two); larger ones go to the primary,
+    /// which forwards them to the backups, so the client sends the data only once.
     async fn replicate(
         &self,
         index: u64,
+        bytes: usize,
         make: impl Fn(Vec<String>) -> Request,
     ) -> Result<(), IoError> {
         let mut attempt = 1;
         loop {
-            let mut replicas = self
+            let replicas = self
                 .replicas(index)
                 .ok_or_else(|| IoError::Io(format!("chunk {index} lost its placement")))?;
-            let primary = replicas.remove(0);
-            match self.pool.call(&primary, make(replicas)).await {
-                Ok(_) => return Ok(()),
-                Err(e) if transient(&e) && attempt < ATTEMPTS_MAX => {
+            let sends: Vec<(String, Request)> = if bytes <= CLIENT_DIRECTED_BYTES_MAX {
+                let request = make(Vec::new());
+                replicas.into_iter().map(|r| (r, request.clone())).collect()
+            } else {
+                let mut backups = replicas;
+                let primary = backups.remove(0);
+                vec![(primary, make(backups))]
+            };
+            let calls = sends.iter().map(|(a, r)| self.pool.call(a, r.clone()));
+            let results = futures::future::join_all(calls).await;
+            match results.into_iter().find_map(Result::err) {
+                None => return Ok(()),
+                Some(e) if transient(&e) && attempt < ATTEMPTS_MAX => {
                     tracing::warn!(
                         chunk = index,
                         attempt,
-                        "write to primary failed, retrying: {e}"
+                        "replicated write failed, retrying: {e}"
                     );
                 }
-                Err(e) => return Err(io_error(e)),
+                Some(e) => return Err(io_error(e)),
             }
             attempt += 1;
             tokio::time::sleep(RETRY_PAUSE).await;
@@ -209,7 +225,7 @@ impl ChunkIo for ReplicatedChunks {
             self.allocate(index).await?;
         }
         let chunk = self.chunk_id(index);
-        self.replicate(index, |forward| Request::Write {
+        self.replicate(index, data.len(), |forward| Request::Write {
             chunk,
             offset,
             forward,
@@ -224,7 +240,7 @@ impl ChunkIo for ReplicatedChunks {
             return Ok(());
         }
         let chunk = self.chunk_id(index);
-        self.replicate(index, |forward| Request::Zero {
+        self.replicate(index, 0, |forward| Request::Zero {
             chunk,
             offset,
             length,

@@ -85,7 +85,7 @@ impl VolumeSpec {
                 self.name
             ));
         }
-        if self.size_bytes == 0 || self.size_bytes % 512 != 0 {
+        if self.size_bytes == 0 || !self.size_bytes.is_multiple_of(512) {
             return Err(format!(
                 "volume size {} must be a positive multiple of 512 bytes",
                 self.size_bytes
@@ -103,7 +103,10 @@ impl VolumeSpec {
                 "stripe unit {unit} must be a power of two of at least 4096 bytes"
             ));
         }
-        if self.chunk_bytes < unit || self.chunk_bytes % unit != 0 || self.chunk_bytes > 1 << 30 {
+        if self.chunk_bytes < unit
+            || !self.chunk_bytes.is_multiple_of(unit)
+            || self.chunk_bytes > 1 << 30
+        {
             return Err(format!(
                 "chunk size {} must be a multiple of the stripe unit {unit} and at most 1 GiB",
                 self.chunk_bytes
