@@ -45,11 +45,17 @@ impl From<io::Error> for StoreError {
     }
 }
 
+type Done = oneshot::Sender<Result<(), StoreError>>;
+
 struct Change {
     header: RecordHeader,
     data: Bytes,
-    done: oneshot::Sender<Result<(), StoreError>>,
+    done: Done,
 }
+
+/// A committed batch's outcomes, handed back to the event loop in one message: one
+/// cross-thread wake-up per batch instead of one per change.
+type Completions = Vec<(Done, Result<(), StoreError>)>;
 
 /// Chunk files shared by readers (the event loop) and the I/O thread.
 struct Files {
@@ -112,7 +118,8 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store in `dir`, replaying the log first.
+    /// Opens (creating if needed) the store in `dir`, replaying the log first. Must be
+    /// called inside a tokio runtime: completions are delivered on it.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         std::fs::create_dir_all(dir.join("chunks"))?;
         let files = Arc::new(Files {
@@ -121,9 +128,17 @@ impl Store {
         });
         let mut log = Log::open(&dir.join("wal"), files.clone())?;
         let (changes, queue) = mpsc::channel(QUEUE_DEPTH);
+        let (completions, mut completed) = mpsc::unbounded_channel::<Completions>();
         std::thread::Builder::new()
             .name("chunkstore-io".into())
-            .spawn(move || log.run(queue))?;
+            .spawn(move || log.run(queue, completions))?;
+        tokio::spawn(async move {
+            while let Some(batch) = completed.recv().await {
+                for (done, result) in batch {
+                    let _ = done.send(result);
+                }
+            }
+        });
         Ok(Store { files, changes })
     }
 
@@ -335,7 +350,11 @@ impl Log {
         Ok(replayed)
     }
 
-    fn run(&mut self, mut queue: mpsc::Receiver<Change>) {
+    fn run(
+        &mut self,
+        mut queue: mpsc::Receiver<Change>,
+        completions: mpsc::UnboundedSender<Completions>,
+    ) {
         let mut batch: Vec<Change> = Vec::new();
         while let Some(first) = queue.blocking_recv() {
             batch.push(first);
@@ -349,7 +368,7 @@ impl Log {
                     Err(_) => break,
                 }
             }
-            self.commit(&mut batch);
+            let _ = completions.send(self.commit(&mut batch));
             if self.position >= WAL_BYTES_CHECKPOINT {
                 if let Err(e) = self.checkpoint() {
                     tracing::error!("checkpoint failed, will retry: {e}");
@@ -361,8 +380,8 @@ impl Log {
         }
     }
 
-    /// Appends the batch as one write and one fdatasync, then applies and answers it.
-    fn commit(&mut self, batch: &mut Vec<Change>) {
+    /// Appends the batch as one write and one fdatasync, then applies it.
+    fn commit(&mut self, batch: &mut Vec<Change>) -> Completions {
         self.buffer.clear();
         let first_seq = self.next_seq;
         for change in batch.iter_mut() {
@@ -380,24 +399,29 @@ impl Log {
             self.next_seq = first_seq;
             let message = format!("write-ahead log append failed: {e}");
             tracing::error!("{message}");
-            for change in batch.drain(..) {
-                let error = if e.raw_os_error() == Some(libc::ENOSPC) {
-                    StoreError::NoSpace(message.clone())
-                } else {
-                    StoreError::Io(message.clone())
-                };
-                let _ = change.done.send(Err(error));
-            }
-            return;
+            return batch
+                .drain(..)
+                .map(|change| {
+                    let error = if e.raw_os_error() == Some(libc::ENOSPC) {
+                        StoreError::NoSpace(message.clone())
+                    } else {
+                        StoreError::Io(message.clone())
+                    };
+                    (change.done, Err(error))
+                })
+                .collect();
         }
         self.position += self.buffer.len() as u64;
-        for change in batch.drain(..) {
-            let result = self.apply(&change.header, &change.data);
-            if let Err(e) = &result {
-                tracing::error!(chunk = ?change.header.chunk, "applying a logged change failed: {e}");
-            }
-            let _ = change.done.send(result);
-        }
+        batch
+            .drain(..)
+            .map(|change| {
+                let result = self.apply(&change.header, &change.data);
+                if let Err(e) = &result {
+                    tracing::error!(chunk = ?change.header.chunk, "applying a logged change failed: {e}");
+                }
+                (change.done, result)
+            })
+            .collect()
     }
 
     fn apply(&mut self, header: &RecordHeader, data: &[u8]) -> Result<(), StoreError> {

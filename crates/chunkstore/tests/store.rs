@@ -87,8 +87,8 @@ async fn replay_applies_whole_records_and_stops_at_a_torn_tail() {
     assert_eq!(store.read(CHUNK, 512, 1).unwrap()[0], 1);
 }
 
-#[test]
-fn a_foreign_log_file_is_refused_not_overwritten() {
+#[tokio::test]
+async fn a_foreign_log_file_is_refused_not_overwritten() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("wal"), b"not a log").unwrap();
     let error = Store::open(dir.path()).err().expect("refused");
