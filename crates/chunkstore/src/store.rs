@@ -14,6 +14,8 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Largest chunk a replica may be asked to hold; offsets beyond are rejected.
 pub const CHUNK_BYTES_MAX: u64 = 1 << 30;
+/// Largest single read: bounds the buffer a peer can make us allocate.
+pub const READ_BYTES_MAX: u32 = 32 << 20;
 /// Log bytes after which the I/O thread checkpoints (syncs chunk files, reuses log).
 const WAL_BYTES_CHECKPOINT: u64 = 256 << 20;
 /// Log bytes gathered into one append + fdatasync.
@@ -201,6 +203,12 @@ impl Store {
     /// hop to another thread.
     pub fn read(&self, chunk: ChunkId, offset: u64, length: u32) -> Result<Bytes, StoreError> {
         check_range(offset, length as u64)?;
+        if length > READ_BYTES_MAX {
+            return Err(StoreError::OutOfRange {
+                offset,
+                length: length as u64,
+            });
+        }
         let mut out = BytesMut::zeroed(length as usize);
         if let Some(file) = self.files.get(chunk, false)? {
             let mut done = 0;
