@@ -63,7 +63,7 @@ pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
     println!(
         "allocated:     {} of {} chunks",
         map.chunks.len(),
-        v.spec.size_bytes.div_ceil(v.spec.chunk_bytes)
+        v.spec.chunk_count()
     );
     for chunk in &map.chunks {
         let replicas: Vec<String> = chunk.replicas.iter().map(|id| id.to_string()).collect();

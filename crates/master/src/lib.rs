@@ -309,8 +309,7 @@ impl Master {
                 format!("volume id {volume_id} does not exist"),
             ));
         };
-        let chunk_count = volume.spec.size_bytes.div_ceil(volume.spec.chunk_bytes);
-        if index >= chunk_count {
+        if index >= volume.spec.chunk_count() {
             return Err((
                 Status::BadRequest,
                 format!(

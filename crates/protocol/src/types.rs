@@ -71,6 +71,15 @@ pub const STRIPE_UNIT_BYTES_DEFAULT: u64 = 64 << 10;
 pub const STRIPE_COUNT_DEFAULT: u32 = 4;
 
 impl VolumeSpec {
+    /// Chunks the volume spans. A last, partial object set still deals its stripe units
+    /// round-robin, so it touches up to `stripe_count` chunks, not size / chunk size.
+    pub fn chunk_count(&self) -> u64 {
+        let count = self.stripe_count as u64;
+        let set_bytes = self.chunk_bytes * count;
+        let partial_units = (self.size_bytes % set_bytes).div_ceil(self.stripe_unit_bytes);
+        self.size_bytes / set_bytes * count + partial_units.min(count)
+    }
+
     /// Checks the layout rules the striping formula relies on.
     pub fn validate(&self) -> Result<(), String> {
         if self.name.is_empty()
@@ -151,4 +160,31 @@ pub struct VolumeMap {
 pub struct ClusterStatus {
     pub servers: Vec<ServerInfo>,
     pub volumes: Vec<Volume>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_count_covers_partial_object_sets() {
+        let spec = |size_bytes| VolumeSpec {
+            name: "v".into(),
+            size_bytes,
+            replicas: 3,
+            chunk_bytes: 64 << 20,
+            stripe_unit_bytes: 64 << 10,
+            stripe_count: 4,
+        };
+        assert_eq!(spec(64 << 10).chunk_count(), 1);
+        assert_eq!(spec(128 << 10).chunk_count(), 2);
+        assert_eq!(
+            spec(64 << 20).chunk_count(),
+            4,
+            "64 MiB spreads over 4 chunks"
+        );
+        assert_eq!(spec(256 << 20).chunk_count(), 4);
+        assert_eq!(spec((256 << 20) + 512).chunk_count(), 5);
+        assert_eq!(spec(1 << 30).chunk_count(), 16);
+    }
 }

@@ -30,13 +30,13 @@ pub struct Cluster {
 }
 
 /// A block of free ports; different tests in one run never share one.
-fn free_ports() -> u16 {
+pub fn free_ports() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     loop {
         let slot = NEXT.fetch_add(1, Ordering::SeqCst);
         let base = 20000 + (std::process::id() as u16 % 200) * 100 + slot * PORTS_PER_CLUSTER;
-        let all_free = (0..PORTS_PER_CLUSTER)
-            .all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        let all_free =
+            (0..PORTS_PER_CLUSTER).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         if all_free {
             return base;
         }
@@ -72,7 +72,10 @@ impl Cluster {
                 }
             }
             if let Ok(Some(status)) = demo.try_wait() {
-                panic!("floe demo exited before ready: {status}; logs in {}", dir.display());
+                panic!(
+                    "floe demo exited before ready: {status}; logs in {}",
+                    dir.display()
+                );
             }
             assert!(Instant::now() < deadline, "floe demo not ready in time");
             std::thread::sleep(Duration::from_millis(100));
@@ -105,6 +108,13 @@ impl Cluster {
         self.stop();
         let again = Cluster::start_on(&self.dir, self.port, self.metadata.clone());
         *self = again;
+    }
+
+    /// Starts a stopped cluster again on the same directory and ports (the crash test
+    /// inspects the data directories in between).
+    pub fn start_again(&mut self) {
+        assert!(self.demo.is_none(), "cluster still running");
+        *self = Cluster::start_on(&self.dir, self.port, self.metadata.clone());
     }
 
     /// Runs `floe ARGS` against this cluster's master; returns stdout.

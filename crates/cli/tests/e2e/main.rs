@@ -1,5 +1,10 @@
 //! End-to-end tests: real Floe processes on loopback, driven by NBD clients we did not
 //! write (qemu-img, qemu-io, nbdinfo, nbdcopy, nbdsh, fio, nbdfuse + ext4).
 
-mod cluster;
+mod bad_input;
 mod clients;
+mod cluster;
+mod etcd;
+mod ext4;
+mod fio;
+mod io_helpers;

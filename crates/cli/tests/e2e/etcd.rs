@@ -1,0 +1,141 @@
+//! The volume suite with the master's metadata in a real etcd (started here on
+//! loopback): I/O, allocation map, a whole-cluster restart, and the volume list.
+
+use crate::cluster::{free_ports, ok, Cluster};
+use crate::io_helpers::qemu_io;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ETCD: &str = "/usr/bin/etcd";
+
+/// A single-member etcd on loopback with its own data directory; killed on drop.
+struct Etcd {
+    child: Child,
+    client_port: u16,
+}
+
+impl Etcd {
+    fn start(data: &Path, log: &Path) -> Etcd {
+        assert!(
+            Path::new(ETCD).exists(),
+            "{ETCD} is missing: install etcd-server (see .ci/run)"
+        );
+        // A block of its own, so no cluster of a parallel test takes these ports.
+        let base = free_ports();
+        let (client_port, peer_port) = (base, base + 1);
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let log = std::fs::File::create(log).unwrap();
+        let child = Command::new(ETCD)
+            .args(["--name", "floe-e2e", "--data-dir"])
+            .arg(data)
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("floe-e2e={peer}")])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {ETCD}: {e}"));
+        let mut etcd = Etcd { child, client_port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !etcd.healthy() {
+            if let Ok(Some(status)) = etcd.child.try_wait() {
+                panic!("etcd exited early: {status}");
+            }
+            assert!(Instant::now() < deadline, "etcd not healthy in time");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        etcd
+    }
+
+    /// etcd's own /health endpoint says the member has a leader and serves.
+    fn healthy(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        let mut reply = String::new();
+        stream.write_all(request.as_bytes()).is_ok()
+            && stream.read_to_string(&mut reply).is_ok()
+            && reply.replace(' ', "").contains("\"health\":\"true\"")
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn etcd_backed_cluster_io_map_restart_and_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd_dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(
+        &etcd_dir.path().join("data"),
+        &etcd_dir.path().join("etcd.log"),
+    );
+    let metadata = format!("etcd://127.0.0.1:{}/floe", etcd.client_port);
+    let mut cluster = Cluster::start_on(dir.path(), free_ports(), Some(metadata));
+    // The master must not have fallen back to a local store.
+    assert!(
+        !dir.path().join("master").join("meta.redb").exists(),
+        "embedded store created despite --metadata etcd"
+    );
+
+    let map = ok(Command::new("nbdinfo").args(["--map", cluster.uri()]));
+    assert!(map.contains("hole,zero") && !map.contains("data"), "{map}");
+
+    // Patterns across a chunk boundary (64 MiB) and far into the volume.
+    let writes = [
+        "write -P 0x3c 0 1M",
+        "write -P 0xa7 67043328 2M",
+        "write -P 0x5e 900M 64k",
+    ];
+    let reads = [
+        "read -P 0x3c 0 1M",
+        "read -P 0xa7 67043328 2M",
+        "read -P 0x5e 900M 64k",
+        "read -P 0 2M 1M",
+    ];
+    qemu_io(cluster.uri(), &writes);
+    qemu_io(cluster.uri(), &reads);
+    let map = ok(Command::new("nbdinfo").args(["--map", cluster.uri()]));
+    let first = map.lines().next().unwrap_or_default();
+    assert!(
+        first.trim_start().starts_with('0') && first.contains("data"),
+        "{map}"
+    );
+    assert!(map.contains("hole,zero"), "{map}");
+
+    // Chunk allocations now live only in etcd: a restart must find them there.
+    cluster.restart();
+    qemu_io(cluster.uri(), &reads);
+    let after = ok(Command::new("nbdinfo").args(["--map", cluster.uri()]));
+    assert_eq!(after, map, "allocation map changed across restart");
+
+    let list = cluster.floe(&["volume", "list"]);
+    let demo = list
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("demo"))
+        .unwrap_or_else(|| panic!("demo missing from volume list:\n{list}"));
+    assert!(demo.contains("1.0 GiB"), "{list}");
+    drop(cluster);
+    drop(etcd);
+}
