@@ -25,7 +25,7 @@ const QUEUE_DEPTH: usize = 1024;
 /// Open chunk files kept cached.
 const OPEN_FILES_MAX: usize = 4096;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("range {offset}+{length} is outside a chunk (max {CHUNK_BYTES_MAX} bytes)")]
     OutOfRange { offset: u64, length: u64 },
@@ -112,7 +112,8 @@ impl Files {
 }
 
 /// A handle to the store; cheap to clone. Dropping every handle stops the I/O thread
-/// after a final checkpoint.
+/// after a final checkpoint; a process that exits sooner (SIGTERM, kill -9) simply
+/// replays the log at the next open.
 #[derive(Clone)]
 pub struct Store {
     files: Arc<Files>,
@@ -291,6 +292,8 @@ struct Log {
     dirty_files: HashSet<ChunkId>,
     dirty_dirs: HashSet<PathBuf>,
     buffer: Vec<u8>,
+    /// Set when the log can no longer be written safely; every change then fails.
+    failed: Option<String>,
 }
 
 impl Log {
@@ -321,6 +324,7 @@ impl Log {
             dirty_files: HashSet::new(),
             dirty_dirs: HashSet::new(),
             buffer: Vec::new(),
+            failed: None,
         };
         let replayed = log.replay()?;
         if replayed > 0 {
@@ -390,8 +394,14 @@ impl Log {
 
     /// Appends the batch as one write and one fdatasync, then applies it.
     fn commit(&mut self, batch: &mut Vec<Change>) -> Completions {
+        if let Some(failed) = &self.failed {
+            let error = StoreError::Io(failed.clone());
+            return batch
+                .drain(..)
+                .map(|c| (c.done, Err(error.clone())))
+                .collect();
+        }
         self.buffer.clear();
-        let first_seq = self.next_seq;
         for change in batch.iter_mut() {
             change.header.seq = self.next_seq;
             self.next_seq += 1;
@@ -402,10 +412,15 @@ impl Log {
             .write_all_at(&self.buffer, self.position)
             .and_then(|_| self.file.sync_data());
         if let Err(e) = durable {
-            // Nothing was acknowledged: reuse the same sequence numbers and position so
-            // a partly written batch is overwritten, never replayed.
-            self.next_seq = first_seq;
-            let message = format!("write-ahead log append failed: {e}");
+            // Nothing of the batch was acknowledged, but parts of it may be on disk
+            // with valid checksums. A checkpoint moves the start sequence past them so
+            // replay can never apply them; the sequence numbers are never reused. If
+            // even that fails, the store stops taking changes (fail-stop).
+            let mut message = format!("write-ahead log append failed: {e}");
+            if let Err(c) = self.checkpoint() {
+                message = format!("{message}; checkpoint failed too ({c}): restart the chunk server once the disk is fixed");
+                self.failed = Some(message.clone());
+            }
             tracing::error!("{message}");
             return batch
                 .drain(..)
@@ -465,17 +480,20 @@ impl Log {
     }
 
     /// Makes chunk files durable, then restarts the log after everything applied.
+    /// On error the dirty sets are kept, so a later checkpoint syncs them all again.
     fn checkpoint(&mut self) -> Result<(), StoreError> {
-        for chunk in self.dirty_files.drain() {
-            if let Some(file) = self.files.get(chunk, false)? {
+        for chunk in &self.dirty_files {
+            if let Some(file) = self.files.get(*chunk, false)? {
                 file.sync_data()?;
             }
         }
-        for dir in self.dirty_dirs.drain() {
-            if let Ok(d) = File::open(&dir) {
+        for dir in &self.dirty_dirs {
+            if let Ok(d) = File::open(dir) {
                 d.sync_all()?;
             }
         }
+        self.dirty_files.clear();
+        self.dirty_dirs.clear();
         self.file
             .write_all_at(&wal::encode_header(self.next_seq), 0)?;
         self.file.sync_data()?;

@@ -154,6 +154,24 @@ async fn bind(address: &str) -> Result<tokio::net::TcpListener, String> {
         .map_err(|e| format!("cannot listen on {address}: {e} (is another Floe process using it?)"))
 }
 
+/// SIGTERM or SIGINT: lets the gateway answer requests in flight before it exits.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot watch SIGTERM ({e}); stop with SIGINT");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("stopping: answering requests in flight");
+}
+
 async fn execute(cli: Cli) -> Result<(), String> {
     let master = MasterClient::new(&cli.master);
     match cli.command {
@@ -200,7 +218,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
         }
         Command::Gateway { listen } => {
             let listener = bind(&listen).await?;
-            floe_gateway::run(listener, &cli.master, std::future::pending::<()>()).await;
+            floe_gateway::run(listener, &cli.master, stop_signal()).await;
             Ok(())
         }
         Command::Volume(command) => match command {

@@ -4,6 +4,7 @@
 mod bad_input;
 mod clients;
 mod cluster;
+mod crash;
 mod etcd;
 mod ext4;
 mod fio;
