@@ -2,7 +2,7 @@
 //!
 //! - [`wal`]: the write-ahead log format: every change is a checksummed, sequenced
 //!   record; the log is what makes a write durable and atomic.
-//! - [`store`]: the store: a dedicated I/O thread appends batches of records to the
+//! - [`store`]: the store: the event loop appends batches of records to the
 //!   log with one `fdatasync` per batch (group commit), then applies them to sparse
 //!   chunk files; reads go straight to the chunk files.
 //!

@@ -10,18 +10,16 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{oneshot, Notify};
 
 /// Largest chunk a replica may be asked to hold; offsets beyond are rejected.
 pub const CHUNK_BYTES_MAX: u64 = 1 << 30;
 /// Largest single read: bounds the buffer a peer can make us allocate.
 pub const READ_BYTES_MAX: u32 = 32 << 20;
-/// Log bytes after which the I/O thread checkpoints (syncs chunk files, reuses log).
+/// Log bytes after which the committer checkpoints (syncs chunk files, reuses log).
 const WAL_BYTES_CHECKPOINT: u64 = 256 << 20;
 /// Log bytes gathered into one append + fdatasync.
 const BATCH_BYTES_MAX: usize = 16 << 20;
-/// Queued changes before submitters wait (back-pressure).
-const QUEUE_DEPTH: usize = 1024;
 /// Open chunk files kept cached.
 const OPEN_FILES_MAX: usize = 4096;
 
@@ -55,11 +53,17 @@ struct Change {
     done: Done,
 }
 
-/// A committed batch's outcomes, handed back to the event loop in one message: one
-/// cross-thread wake-up per batch instead of one per change.
 type Completions = Vec<(Done, Result<(), StoreError>)>;
 
-/// Chunk files shared by readers (the event loop) and the I/O thread.
+/// Changes waiting for the next commit. Submitters are bounded upstream: each
+/// connection has a fixed number of requests in flight.
+#[derive(Default)]
+struct Queue {
+    changes: Mutex<Vec<Change>>,
+    wake: Notify,
+}
+
+/// Chunk files shared by readers and the committer.
 struct Files {
     dir: PathBuf,
     open: Mutex<HashMap<ChunkId, Arc<File>>>,
@@ -111,38 +115,32 @@ impl Files {
     }
 }
 
-/// A handle to the store; cheap to clone. Dropping every handle stops the I/O thread
-/// after a final checkpoint; a process that exits sooner (SIGTERM, kill -9) simply
-/// replays the log at the next open.
+/// A handle to the store; cheap to clone. A process that stops at any moment
+/// (SIGTERM, kill -9) replays the log at the next open.
 #[derive(Clone)]
 pub struct Store {
     files: Arc<Files>,
-    changes: mpsc::Sender<Change>,
+    queue: Arc<Queue>,
 }
 
 impl Store {
     /// Opens (creating if needed) the store in `dir`, replaying the log first. Must be
-    /// called inside a tokio runtime: completions are delivered on it.
+    /// called inside a tokio runtime: the committer runs on it.
+    ///
+    /// The committer commits on the event loop itself, blocking it for the append and
+    /// fdatasync (Vitastor's habit): no thread hand-off and wake-up per batch, and the
+    /// requests that arrive meanwhile wait in the socket buffers and form the next
+    /// batch.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         std::fs::create_dir_all(dir.join("chunks"))?;
         let files = Arc::new(Files {
             dir: dir.to_path_buf(),
             open: Mutex::default(),
         });
-        let mut log = Log::open(&dir.join("wal"), files.clone())?;
-        let (changes, queue) = mpsc::channel(QUEUE_DEPTH);
-        let (completions, mut completed) = mpsc::unbounded_channel::<Completions>();
-        std::thread::Builder::new()
-            .name("chunkstore-io".into())
-            .spawn(move || log.run(queue, completions))?;
-        tokio::spawn(async move {
-            while let Some(batch) = completed.recv().await {
-                for (done, result) in batch {
-                    let _ = done.send(result);
-                }
-            }
-        });
-        Ok(Store { files, changes })
+        let log = Log::open(&dir.join("wal"), files.clone())?;
+        let queue = Arc::new(Queue::default());
+        tokio::spawn(log.run(queue.clone()));
+        Ok(Store { files, queue })
     }
 
     /// Writes `data` at `offset`; resolves once durable.
@@ -186,16 +184,18 @@ impl Store {
         }
         let (done, result) = oneshot::channel();
         let header = RecordHeader {
-            seq: 0, // assigned by the I/O thread, in log order
+            seq: 0, // assigned by the committer, in log order
             kind,
             chunk,
             offset,
             length,
         };
-        self.changes
-            .send(Change { header, data, done })
-            .await
-            .map_err(|_| StoreError::ShutDown)?;
+        self.queue
+            .changes
+            .lock()
+            .unwrap()
+            .push(Change { header, data, done });
+        self.queue.wake.notify_one();
         result.await.map_err(|_| StoreError::ShutDown)?
     }
 
@@ -280,7 +280,7 @@ fn check_range(offset: u64, length: u64) -> Result<(), StoreError> {
     }
 }
 
-/// The log and everything only the I/O thread touches.
+/// The log and everything only the committer touches.
 struct Log {
     file: File,
     files: Arc<Files>,
@@ -362,33 +362,40 @@ impl Log {
         Ok(replayed)
     }
 
-    fn run(
-        &mut self,
-        mut queue: mpsc::Receiver<Change>,
-        completions: mpsc::UnboundedSender<Completions>,
-    ) {
+    async fn run(mut self, queue: Arc<Queue>) {
         let mut batch: Vec<Change> = Vec::new();
-        while let Some(first) = queue.blocking_recv() {
-            batch.push(first);
-            let mut bytes = batch[0].data.len();
-            while bytes < BATCH_BYTES_MAX {
-                match queue.try_recv() {
-                    Ok(change) => {
-                        bytes += change.data.len();
-                        batch.push(change);
+        loop {
+            queue.wake.notified().await;
+            // Let every task that is ready (requests just read off sockets) queue its
+            // change first, so they share this commit.
+            tokio::task::yield_now().await;
+            loop {
+                {
+                    let mut changes = queue.changes.lock().unwrap();
+                    let mut bytes = 0;
+                    let take = changes
+                        .iter()
+                        .take_while(|c| {
+                            bytes += c.data.len();
+                            bytes <= BATCH_BYTES_MAX
+                        })
+                        .count()
+                        .max(1)
+                        .min(changes.len());
+                    batch.extend(changes.drain(..take));
+                }
+                if batch.is_empty() {
+                    break;
+                }
+                for (done, result) in self.commit(&mut batch) {
+                    let _ = done.send(result);
+                }
+                if self.position >= WAL_BYTES_CHECKPOINT {
+                    if let Err(e) = self.checkpoint() {
+                        tracing::error!("checkpoint failed, will retry: {e}");
                     }
-                    Err(_) => break,
                 }
             }
-            let _ = completions.send(self.commit(&mut batch));
-            if self.position >= WAL_BYTES_CHECKPOINT {
-                if let Err(e) = self.checkpoint() {
-                    tracing::error!("checkpoint failed, will retry: {e}");
-                }
-            }
-        }
-        if let Err(e) = self.checkpoint() {
-            tracing::error!("final checkpoint failed (the log will be replayed): {e}");
         }
     }
 
