@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One fio comparison, same run: Floe's demo volume (3 replicas) vs nbdkit's file
 # plugin on a local file (the NBD path with no replication). Prints a table with
-# ratios and the CPU seconds Floe's processes used; writes bench/results/nbd-compare.json.
-#   bench/nbd-compare.sh [SECONDS_PER_JOB]   (default 30)
+# ratios and the CPU seconds Floe's processes used; each job runs REPEATS times, back to
+# back on both systems, and the medians are reported. Writes bench/results/nbd-compare.json.
+#   bench/nbd-compare.sh [SECONDS_PER_JOB [REPEATS]]   (defaults 30, 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runtime=${1:-30}
+repeats=${2:-3}
 work=$(mktemp -d /tmp/floe-bench.XXXXXX)
 port=17700; nbd_port=17800; kit_port=17900
 mkdir -p bench/results
@@ -34,7 +36,7 @@ fio_iops() {
   local rw=$1 uri=$2 field=8
   [ "$rw" = randwrite ] && field=49
   fio --name=b --ioengine=nbd --uri="$uri" --rw="$rw" --bs=4k --iodepth=16 --size=1G \
-      --time_based --runtime="$runtime" --output-format=terse | awk -F';' -v f=$field '{print $f}'
+      --time_based --runtime="$runtime" --output-format=terse | awk -F';' -v f=$field 'NF > f {print $f}'
 }
 
 # Pre-fill so reads hit allocated chunks on both.
@@ -42,27 +44,36 @@ for uri in "nbd://127.0.0.1:$nbd_port/demo" "nbd://127.0.0.1:$kit_port/"; do
   fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=4 --size=1G >/dev/null
 done
 
-declare -A result
-for rw in randwrite randread; do
-  result[kit_$rw]=$(fio_iops $rw "nbd://127.0.0.1:$kit_port/")
-  before=$(cpu_ticks)
-  result[floe_$rw]=$(fio_iops $rw "nbd://127.0.0.1:$nbd_port/demo")
-  after=$(cpu_ticks)
-  result[cpu_$rw]=$(python3 -c "print(($after-$before)/$(getconf CLK_TCK))")
+# One line per run: job floe_iops nbdkit_iops floe_cpu_seconds
+runs=$work/runs
+for i in $(seq "$repeats"); do
+  for rw in randwrite randread; do
+    kit=$(fio_iops $rw "nbd://127.0.0.1:$kit_port/")
+    before=$(cpu_ticks)
+    floe=$(fio_iops $rw "nbd://127.0.0.1:$nbd_port/demo")
+    after=$(cpu_ticks)
+    cpu=$(python3 -c "print(($after-$before)/$(getconf CLK_TCK))")
+    echo "$rw $floe $kit $cpu" | tee -a "$runs" >&2
+  done
 done
 
-python3 - "$runtime" "${result[floe_randwrite]}" "${result[kit_randwrite]}" "${result[cpu_randwrite]}" \
-  "${result[floe_randread]}" "${result[kit_randread]}" "${result[cpu_randread]}" <<'PY'
-import json, sys
+python3 - "$runtime" "$runs" <<'PY'
+import json, statistics, sys
 runtime = int(sys.argv[1])
+runs = {}
+for line in open(sys.argv[2]):
+    job, *values = line.split()
+    runs.setdefault(job, []).append([float(v) for v in values])
 rows = []
-for name, (floe, kit, cpu) in {"randwrite": sys.argv[2:5], "randread": sys.argv[5:8]}.items():
-    floe, kit, cpu = float(floe), float(kit), float(cpu)
+for name, samples in runs.items():
+    floe, kit, cpu = (statistics.median(column) for column in zip(*samples))
     rows.append({"job": f"4k {name} iodepth 16", "floe_iops": round(floe), "nbdkit_file_iops": round(kit),
                  "ratio_floe_over_nbdkit": round(floe / kit, 3), "floe_cpu_seconds": cpu,
-                 "floe_ios_per_cpu_second": round(floe * runtime / cpu) if cpu else None})
+                 "floe_ios_per_cpu_second": round(floe * runtime / cpu) if cpu else None,
+                 "runs": samples})
+print(f"medians of {len(samples)} runs of {runtime} s each")
 print(f"{'job':<24} {'floe IOPS':>10} {'nbdkit IOPS':>12} {'ratio':>6} {'floe CPU s':>11} {'IOs/CPU-s':>10}")
 for r in rows:
     print(f"{r['job']:<24} {r['floe_iops']:>10} {r['nbdkit_file_iops']:>12} {r['ratio_floe_over_nbdkit']:>6} {r['floe_cpu_seconds']:>11.1f} {r['floe_ios_per_cpu_second']:>10}")
-json.dump({"runtime_seconds": runtime, "results": rows}, open("bench/results/nbd-compare.json", "w"), indent=2)
+json.dump({"runtime_seconds": runtime, "fio": "4k, iodepth 16, ioengine=nbd", "results": rows}, open("bench/results/nbd-compare.json", "w"), indent=2)
 PY
