@@ -4,7 +4,7 @@
 //! reader task routes replies to their callers. No lock is held across I/O.
 
 use crate::frame::{Frame, FrameError, Status};
-use crate::message::{request_kind, Request, Response};
+use crate::message::{Request, Response};
 use crate::PROTOCOL_VERSION;
 use bytes::BytesMut;
 use std::collections::HashMap;
@@ -121,7 +121,7 @@ impl Connection {
     /// `CallError::Remote`.
     pub async fn call(&self, request: Request) -> Result<Response, CallError> {
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let kind = request_kind(&request);
+        let kind = request.kind();
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap().insert(request_id, tx);
         if self.is_closed() {

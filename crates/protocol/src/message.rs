@@ -297,7 +297,8 @@ impl Request {
         Ok(request)
     }
 
-    fn kind(&self) -> u16 {
+    /// The frame kind, echoed by the reply.
+    pub fn kind(&self) -> u16 {
         match self {
             Request::Hello { .. } => KIND_HELLO,
             Request::Write { .. } => KIND_WRITE,
@@ -361,11 +362,6 @@ impl Response {
         r.end()?;
         Ok(response)
     }
-}
-
-/// The kind of a request, echoed by its reply.
-pub fn request_kind(request: &Request) -> u16 {
-    request.kind()
 }
 
 #[cfg(test)]

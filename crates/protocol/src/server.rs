@@ -7,7 +7,7 @@
 
 use crate::connection::{write_loop, IN_FLIGHT_MAX, READ_BUFFER_BYTES};
 use crate::frame::{Frame, FrameError, Status};
-use crate::message::{request_kind, Request, Response};
+use crate::message::{Request, Response};
 use crate::PROTOCOL_VERSION;
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
@@ -98,7 +98,7 @@ async fn serve_connection<H: Handler>(
             .expect("semaphore never closed");
         let handler = handler.clone();
         let replies = replies.clone();
-        let kind = request_kind(&request);
+        let kind = request.kind();
         tokio::spawn(async move {
             let response = handler.handle(request).await;
             let _ = replies.send(response.encode(kind, request_id)).await;
