@@ -1,6 +1,7 @@
 //! The demo volume through each real client, and a whole-cluster restart.
 
 use crate::cluster::{nbdsh, ok, output, random_file, Cluster};
+use crate::io_helpers::qemu_io;
 use std::process::Command;
 
 #[test]
@@ -69,20 +70,7 @@ fn qemu_io_patterns_discard_and_zero() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path());
     let uri = cluster.uri();
-    let io = |commands: &[&str]| {
-        let mut c = Command::new("qemu-io");
-        c.args(["-f", "raw"]);
-        for command in commands {
-            c.args(["-c", command]);
-        }
-        c.arg(uri);
-        let out = ok(&mut c);
-        assert!(
-            !out.contains("Pattern verification failed") && !out.contains("error"),
-            "{out}"
-        );
-        out
-    };
+    let io = |commands: &[&str]| qemu_io(uri, commands);
     // Across a stripe-unit and a chunk boundary (64 KiB units, 64 MiB chunks).
     io(&[
         "write -P 0xab 0 1M",
