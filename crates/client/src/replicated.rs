@@ -156,7 +156,9 @@ impl ReplicatedChunks {
                 let primary = backups.remove(0);
                 vec![(primary, make(backups))]
             };
-            let calls = sends.iter().map(|(a, r)| self.pool.call(a, r.clone()));
+            let calls = sends
+                .into_iter()
+                .map(|(address, request)| async move { self.pool.call(&address, request).await });
             let results = futures::future::join_all(calls).await;
             match results.into_iter().find_map(Result::err) {
                 None => return Ok(()),
