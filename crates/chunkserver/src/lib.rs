@@ -1,26 +1,37 @@
 //! The chunk server: serves one data directory's chunk replicas over the wire
-//! protocol, forwards a primary's writes to its backups, and keeps itself registered
-//! with the master by heartbeats.
+//! protocol, runs the replica side of the replication protocol (versions, views,
+//! fencing: see [`replica`]), forwards a primary's changes to its backups, repairs
+//! replicas from peers ([`repair`]), and keeps itself registered with the master.
 //!
-//! One single-threaded event loop owns the connections (Vitastor's habit on few
-//! cores); the store's I/O thread does the logging and fsyncs (see floe-chunkstore).
+//! One single-threaded event loop owns the connections and commits the log (Vitastor's
+//! habit on few cores), so the replica state below is never contended.
 
-use floe_chunkstore::{Store, StoreError};
+mod repair;
+pub mod replica;
+
+use bytes::Bytes;
+use floe_chunkstore::store::CHUNK_BYTES_MAX;
+use floe_chunkstore::{ChunkMeta, Store, StoreError};
 use floe_protocol::connection::CallError;
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
-    ConnectionPool, ControlRequest, ControlResponse, DeviceClass, Request, Response, ServerId,
-    Status,
+    generation_of, ChunkId, ConnectionPool, ControlRequest, ControlResponse, DeviceClass, Request,
+    Response, ServerId, Stamp, Status,
 };
-use std::collections::HashSet;
+use replica::{Admit, Replica};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 /// Heartbeats between two walks of the data directory for the used-bytes figure.
 const USAGE_REFRESH_HEARTBEATS: u32 = 5;
+/// How long an early change waits for the ones before it before the replica gives up
+/// and reports itself behind (the writer then commits without it and has it repaired).
+const EARLY_ARRIVAL_WAIT: Duration = Duration::from_secs(2);
 
 pub struct Config {
     pub dir: PathBuf,
@@ -33,10 +44,55 @@ pub struct Config {
     pub capacity_bytes: u64,
 }
 
-struct ChunkServer {
+/// A chunk's replica state and the wake-up for changes waiting on it.
+struct Slot {
+    replica: Mutex<Replica>,
+    changed: Notify,
+}
+
+pub(crate) struct ChunkServer {
     store: Store,
-    /// Connections to backups this server forwards to as a primary.
+    /// Connections to backups this server forwards to, and to repair sources.
     peers: ConnectionPool,
+    slots: Mutex<HashMap<ChunkId, Arc<Slot>>>,
+    /// Newest lease generation seen per volume (from writers and the master).
+    generations: Mutex<HashMap<u64, u32>>,
+}
+
+/// A change to a chunk, as the store takes it.
+#[derive(Clone)]
+enum Change {
+    Write(Bytes),
+    Zero { length: u64, punch: bool },
+}
+
+impl Change {
+    fn length(&self) -> u64 {
+        match self {
+            Change::Write(data) => data.len() as u64,
+            Change::Zero { length, .. } => *length,
+        }
+    }
+
+    fn request(&self, chunk: ChunkId, stamp: Stamp, offset: u64, forward: Vec<String>) -> Request {
+        match self {
+            Change::Write(data) => Request::Write {
+                chunk,
+                stamp,
+                offset,
+                forward,
+                data: data.clone(),
+            },
+            Change::Zero { length, punch } => Request::Zero {
+                chunk,
+                stamp,
+                offset,
+                length: *length,
+                punch: *punch,
+                forward,
+            },
+        }
+    }
 }
 
 /// Runs the chunk server until the listener fails.
@@ -62,16 +118,18 @@ pub async fn run(config: Config) -> Result<(), String> {
         class: config.class,
         capacity_bytes: config.capacity_bytes,
     };
+    let server = Arc::new(ChunkServer {
+        store,
+        peers: ConnectionPool::default(),
+        slots: Mutex::default(),
+        generations: Mutex::default(),
+    });
     tokio::spawn(heartbeat_loop(
         config.master.clone(),
         registration,
-        store.clone(),
+        server.clone(),
     ));
-    let handler = Arc::new(ChunkServer {
-        store,
-        peers: ConnectionPool::default(),
-    });
-    server::serve(listener, handler)
+    server::serve(listener, server)
         .await
         .map_err(|e| format!("accept failed: {e}"))
 }
@@ -91,8 +149,11 @@ fn load_or_create_uuid(dir: &std::path::Path) -> Result<String, String> {
 }
 
 /// Registers, then heartbeats forever; re-registers whenever the master forgets us
-/// (it restarted) and drops the chunks of volumes the master reports deleted.
-async fn heartbeat_loop(master: String, registration: ControlRequest, store: Store) {
+/// (it restarted), drops the chunks of volumes the master reports deleted, and learns
+/// the current lease generations so a writer that lost its lease is fenced even on
+/// chunks the new writer has not touched yet.
+async fn heartbeat_loop(master: String, registration: ControlRequest, server: Arc<ChunkServer>) {
+    let store = &server.store;
     let pool = ConnectionPool::default();
     let mut id: Option<ServerId> = None;
     let mut used_bytes = store.used_bytes();
@@ -116,9 +177,20 @@ async fn heartbeat_loop(master: String, registration: ControlRequest, store: Sto
                 tracing::info!(id = new, "registered with master");
                 id = Some(new);
             }
-            Ok(Response::Control(ControlResponse::HeartbeatAck { deleted_volumes })) => {
+            Ok(Response::Control(ControlResponse::HeartbeatAck {
+                deleted_volumes,
+                leases,
+            })) => {
+                for (volume_id, generation) in leases {
+                    server.saw_generation(volume_id, generation);
+                }
                 for volume_id in deleted_volumes {
                     if deleted.insert(volume_id) {
+                        server
+                            .slots
+                            .lock()
+                            .unwrap()
+                            .retain(|c, _| c.volume_id != volume_id);
                         if let Err(e) = store.delete_volume(volume_id).await {
                             tracing::error!(volume_id, "dropping a deleted volume failed: {e}");
                             deleted.remove(&volume_id);
@@ -146,32 +218,253 @@ fn store_error(e: StoreError) -> Response {
     Response::error(status, e.to_string())
 }
 
+fn call_status(e: &CallError) -> Status {
+    match e {
+        CallError::Remote { status, .. } => *status,
+        _ => Status::Unavailable,
+    }
+}
+
 impl ChunkServer {
-    /// Applies a change locally and at every backup at once; succeeds when all are
-    /// durable.
+    fn slot(&self, chunk: ChunkId) -> Arc<Slot> {
+        self.slots
+            .lock()
+            .unwrap()
+            .entry(chunk)
+            .or_insert_with(|| {
+                let meta = self.store.meta(chunk);
+                Arc::new(Slot {
+                    replica: Mutex::new(Replica::new(meta.view, meta.version)),
+                    changed: Notify::new(),
+                })
+            })
+            .clone()
+    }
+
+    fn saw_generation(&self, volume_id: u64, generation: u32) -> u32 {
+        let mut generations = self.generations.lock().unwrap();
+        let newest = generations.entry(volume_id).or_default();
+        *newest = (*newest).max(generation);
+        *newest
+    }
+
+    /// Applies a change to the local replica under the version rules; resolves when it
+    /// is durable (or was already).
+    async fn apply_local(
+        &self,
+        chunk: ChunkId,
+        stamp: Stamp,
+        offset: u64,
+        change: Change,
+    ) -> Response {
+        if offset
+            .checked_add(change.length())
+            .is_none_or(|end| end > CHUNK_BYTES_MAX)
+        {
+            return Response::error(
+                Status::BadRequest,
+                format!(
+                    "range {offset}+{} is outside a chunk (max {CHUNK_BYTES_MAX} bytes)",
+                    change.length()
+                ),
+            );
+        }
+        let generation = self.saw_generation(chunk.volume_id, generation_of(stamp.version));
+        let slot = self.slot(chunk);
+        let deadline = tokio::time::Instant::now() + EARLY_ARRIVAL_WAIT;
+        loop {
+            // Created before the check: notify_waiters wakes it from here on.
+            let changed = slot.changed.notified();
+            let verdict = slot.replica.lock().unwrap().admit(&stamp, generation);
+            match verdict {
+                Admit::Apply => break,
+                Admit::Executed => {
+                    if slot.replica.lock().unwrap().durable >= stamp.version {
+                        return Response::Done;
+                    }
+                }
+                Admit::Wait => {}
+                Admit::Refuse(status, message) => return Response::error(status, message),
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Response::error(
+                    Status::Behind,
+                    format!(
+                        "replica still lacks version {:#x} after {EARLY_ARRIVAL_WAIT:?}",
+                        stamp.prev
+                    ),
+                );
+            }
+        }
+        let meta = {
+            let mut replica = slot.replica.lock().unwrap();
+            replica.submit(&stamp, offset, change.length());
+            ChunkMeta {
+                view: replica.view,
+                version: stamp.version,
+            }
+        };
+        // Wake the change queued behind this one now: the store keeps submission order.
+        slot.changed.notify_waiters();
+        let result = match change {
+            Change::Write(data) => self.store.write(chunk, offset, data, meta).await,
+            Change::Zero { length, punch } => {
+                self.store.zero(chunk, offset, length, punch, meta).await
+            }
+        };
+        let response = {
+            let mut replica = slot.replica.lock().unwrap();
+            match result {
+                Ok(()) if replica.frozen.is_none() => {
+                    replica.durable = replica.durable.max(stamp.version);
+                    Response::Done
+                }
+                Ok(()) => Response::error(Status::Behind, "an earlier change failed here"),
+                Err(e) => {
+                    // Later changes may already be queued behind this one: the
+                    // replica's history has a hole until a repair rewrites it.
+                    replica.frozen = Some("missing a change that failed to store");
+                    store_error(e)
+                }
+            }
+        };
+        slot.changed.notify_waiters();
+        response
+    }
+
+    /// Applies a change locally and forwards it to every backup at once; succeeds
+    /// when all are durable. A backup's refusal is passed back with its status, so
+    /// the writer can tell a laggard from a lost lease.
     async fn replicate(
         &self,
-        local: impl std::future::Future<Output = Result<(), StoreError>>,
-        forward: &[String],
-        backup_request: Request,
+        chunk: ChunkId,
+        stamp: Stamp,
+        offset: u64,
+        change: Change,
+        forward: Vec<String>,
     ) -> Response {
+        let backup = change.request(chunk, stamp, offset, Vec::new());
         let backups = forward
             .iter()
-            .map(|address| self.peers.call(address, backup_request.clone()));
-        let (local, backups) = futures::join!(local, futures::future::join_all(backups));
-        if let Err(e) = local {
-            return store_error(e);
+            .map(|address| self.peers.call(address, backup.clone()));
+        let (local, backups) = futures::join!(
+            self.apply_local(chunk, stamp, offset, change),
+            futures::future::join_all(backups)
+        );
+        if !matches!(local, Response::Done) {
+            return local;
         }
         for (address, result) in forward.iter().zip(backups) {
             if let Err(e) = result {
-                let status = match &e {
-                    CallError::Remote { status, .. } => *status,
-                    _ => Status::Unavailable,
-                };
-                return Response::error(status, format!("backup {address}: {e}"));
+                return Response::error(call_status(&e), format!("backup {address}: {e}"));
             }
         }
         Response::Done
+    }
+
+    fn read(&self, chunk: ChunkId, offset: u64, length: u32, min_version: u64) -> Response {
+        let durable = self.slot(chunk).replica.lock().unwrap().durable;
+        if durable < min_version {
+            return Response::error(
+                Status::Behind,
+                format!("replica holds version {durable:#x}, the read needs {min_version:#x}"),
+            );
+        }
+        match self.store.read(chunk, offset, length) {
+            Ok(data) => Response::Data(data),
+            Err(e) => store_error(e),
+        }
+    }
+
+    /// Waits until every change handed to the store is durable; the replica state.
+    async fn settle(&self, slot: &Slot) -> ControlResponse {
+        loop {
+            // Created before the check: notify_waiters wakes it from here on.
+            let changed = slot.changed.notified();
+            {
+                let replica = slot.replica.lock().unwrap();
+                if replica.durable >= replica.submitted || replica.frozen.is_some() {
+                    return ControlResponse::ChunkInfo {
+                        view: replica.view,
+                        version: replica.durable,
+                    };
+                }
+            }
+            changed.await;
+        }
+    }
+
+    async fn control(
+        self: &Arc<Self>,
+        request: ControlRequest,
+    ) -> Result<ControlResponse, (Status, String)> {
+        match request {
+            ControlRequest::ChunkInfo { chunk } => Ok(self.settle(&self.slot(chunk)).await),
+            ControlRequest::SetView { chunk, view } => {
+                let slot = self.slot(chunk);
+                let meta = {
+                    let mut replica = slot.replica.lock().unwrap();
+                    if view <= replica.view {
+                        None
+                    } else {
+                        replica.view = view;
+                        Some(ChunkMeta {
+                            view,
+                            version: replica.submitted,
+                        })
+                    }
+                };
+                if let Some(meta) = meta {
+                    // Changes stamped with the old view are refused from here on.
+                    slot.changed.notify_waiters();
+                    self.store
+                        .set_meta(chunk, meta)
+                        .await
+                        .map_err(|e| (Status::Io, e.to_string()))?;
+                }
+                Ok(self.settle(&slot).await)
+            }
+            ControlRequest::LogSince { chunk, since } => {
+                let slot = self.slot(chunk);
+                let replica = slot.replica.lock().unwrap();
+                match replica.changes_since(since) {
+                    Some((version, ranges)) => Ok(ControlResponse::Ranges { version, ranges }),
+                    None => Err((
+                        Status::NotFound,
+                        format!("the journal lite does not reach back to version {since:#x}"),
+                    )),
+                }
+            }
+            ControlRequest::Extents { chunk } => {
+                let version = self.slot(chunk).replica.lock().unwrap().durable;
+                let ranges = self
+                    .store
+                    .extents(chunk)
+                    .map_err(|e| (Status::Io, e.to_string()))?;
+                Ok(ControlResponse::Ranges { version, ranges })
+            }
+            ControlRequest::Checksum { chunk, length } => {
+                let version = self.slot(chunk).replica.lock().unwrap().durable;
+                let crc = self
+                    .store
+                    .checksum(chunk, length)
+                    .map_err(|e| (Status::BadRequest, e.to_string()))?;
+                Ok(ControlResponse::Checksum { version, crc })
+            }
+            ControlRequest::Repair {
+                chunk,
+                source,
+                full,
+                bytes_per_second,
+            } => {
+                let slot = self.slot(chunk);
+                repair::repair(self, &slot, chunk, &source, full, bytes_per_second).await
+            }
+            _ => Err((
+                Status::BadRequest,
+                "this is a chunk server; send cluster requests to the master".into(),
+            )),
+        }
     }
 }
 
@@ -180,48 +473,44 @@ impl Handler for ChunkServer {
         match request {
             Request::Write {
                 chunk,
+                stamp,
                 offset,
                 forward,
                 data,
             } => {
-                let backup = Request::Write {
-                    chunk,
-                    offset,
-                    forward: Vec::new(),
-                    data: data.clone(),
-                };
-                let local = self.store.write(chunk, offset, data);
-                self.replicate(local, &forward, backup).await
+                self.replicate(chunk, stamp, offset, Change::Write(data), forward)
+                    .await
             }
             Request::Zero {
                 chunk,
+                stamp,
                 offset,
                 length,
                 punch,
                 forward,
             } => {
-                let backup = Request::Zero {
+                self.replicate(
                     chunk,
+                    stamp,
                     offset,
-                    length,
-                    punch,
-                    forward: Vec::new(),
-                };
-                let local = self.store.zero(chunk, offset, length, punch);
-                self.replicate(local, &forward, backup).await
+                    Change::Zero { length, punch },
+                    forward,
+                )
+                .await
             }
             Request::Read {
                 chunk,
                 offset,
                 length,
-            } => match self.store.read(chunk, offset, length) {
-                Ok(data) => Response::Data(data),
-                Err(e) => store_error(e),
+                min_version,
+            } => self.read(chunk, offset, length, min_version),
+            Request::Control(control) => match self.control(control).await {
+                Ok(reply) => Response::Control(reply),
+                Err((status, message)) => Response::error(status, message),
             },
-            Request::Control(_) | Request::Hello { .. } => Response::error(
-                Status::BadRequest,
-                "this is a chunk server; send control requests to the master",
-            ),
+            Request::Hello { .. } => {
+                Response::error(Status::BadRequest, "hello is only valid first")
+            }
         }
     }
 }

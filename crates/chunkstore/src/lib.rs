@@ -9,13 +9,16 @@
 //! Layout of a data directory:
 //! ```text
 //! wal                      the write-ahead log (4 KiB header, then records)
+//! meta                     each replica's view and version at the last checkpoint
 //! chunks/VOLUME/INDEX      one sparse file per chunk replica (hex ids)
 //! ```
 //! Crash safety: a write is acknowledged only after its record is durable in the log.
 //! After a crash, replay re-applies every record from the last checkpoint up to the
 //! first torn or missing one, so an acknowledged write is always whole and an
 //! unacknowledged one is either whole or absent.
+pub mod meta;
 pub mod store;
 pub mod wal;
 
+pub use meta::ChunkMeta;
 pub use store::{Store, StoreError};

@@ -1,6 +1,7 @@
 //! The chunk store: group-committed write-ahead log + sparse chunk files.
 
-use crate::wal::{self, Kind, RecordHeader, RECORD_HEADER_BYTES};
+use crate::meta::{self, ChunkMeta, Metas};
+use crate::wal::{self, HeaderError, Kind, RecordHeader, RECORD_HEADER_BYTES};
 use bytes::{Bytes, BytesMut};
 use floe_protocol::ChunkId;
 use std::collections::{HashMap, HashSet};
@@ -63,10 +64,13 @@ struct Queue {
     wake: Notify,
 }
 
-/// Chunk files shared by readers and the committer.
+/// Chunk files and their durable replication state, shared by readers and the
+/// committer.
 struct Files {
     dir: PathBuf,
     open: Mutex<HashMap<ChunkId, Arc<File>>>,
+    /// Updated as log records are applied: the state of what is durable.
+    metas: Mutex<Metas>,
 }
 
 impl Files {
@@ -136,6 +140,7 @@ impl Store {
         let files = Arc::new(Files {
             dir: dir.to_path_buf(),
             open: Mutex::default(),
+            metas: Mutex::new(meta::load(&dir.join("meta"))?),
         });
         let log = Log::open(&dir.join("wal"), files.clone())?;
         let queue = Arc::new(Queue::default());
@@ -143,10 +148,18 @@ impl Store {
         Ok(Store { files, queue })
     }
 
-    /// Writes `data` at `offset`; resolves once durable.
-    pub async fn write(&self, chunk: ChunkId, offset: u64, data: Bytes) -> Result<(), StoreError> {
+    /// Writes `data` at `offset`, leaving the chunk in state `meta`; resolves once
+    /// durable. Changes to one chunk are logged and applied in submission order.
+    pub async fn write(
+        &self,
+        chunk: ChunkId,
+        offset: u64,
+        data: Bytes,
+        meta: ChunkMeta,
+    ) -> Result<(), StoreError> {
         let length = data.len() as u64;
-        self.submit(Kind::Write, chunk, offset, length, data).await
+        self.submit(Kind::Write, chunk, offset, length, meta, data)
+            .await
     }
 
     /// Zeroes a range; `punch` frees its space. Resolves once durable.
@@ -156,9 +169,28 @@ impl Store {
         offset: u64,
         length: u64,
         punch: bool,
+        meta: ChunkMeta,
     ) -> Result<(), StoreError> {
         let kind = if punch { Kind::Punch } else { Kind::Zero };
-        self.submit(kind, chunk, offset, length, Bytes::new()).await
+        self.submit(kind, chunk, offset, length, meta, Bytes::new())
+            .await
+    }
+
+    /// Sets the chunk's view and version only. Resolves once durable.
+    pub async fn set_meta(&self, chunk: ChunkId, meta: ChunkMeta) -> Result<(), StoreError> {
+        self.submit(Kind::Stamp, chunk, 0, 0, meta, Bytes::new())
+            .await
+    }
+
+    /// The chunk's durable view and version (zeroes for a chunk never written).
+    pub fn meta(&self, chunk: ChunkId) -> ChunkMeta {
+        self.files
+            .metas
+            .lock()
+            .unwrap()
+            .get(&chunk)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Drops every chunk of a volume. Resolves once durable.
@@ -167,8 +199,15 @@ impl Store {
             volume_id,
             index: 0,
         };
-        self.submit(Kind::DeleteVolume, chunk, 0, 0, Bytes::new())
-            .await
+        self.submit(
+            Kind::DeleteVolume,
+            chunk,
+            0,
+            0,
+            ChunkMeta::default(),
+            Bytes::new(),
+        )
+        .await
     }
 
     async fn submit(
@@ -177,6 +216,7 @@ impl Store {
         chunk: ChunkId,
         offset: u64,
         length: u64,
+        meta: ChunkMeta,
         data: Bytes,
     ) -> Result<(), StoreError> {
         if kind != Kind::DeleteVolume {
@@ -189,6 +229,8 @@ impl Store {
             chunk,
             offset,
             length,
+            view: meta.view,
+            version: meta.version,
         };
         self.queue
             .changes
@@ -223,6 +265,48 @@ impl Store {
             }
         }
         Ok(out.freeze())
+    }
+
+    /// The ranges of the chunk that hold data, as (offset, length); the rest are holes.
+    pub fn extents(&self, chunk: ChunkId) -> Result<Vec<(u64, u64)>, StoreError> {
+        let Some(file) = self.files.get(chunk, false)? else {
+            return Ok(Vec::new());
+        };
+        let seek = |offset: u64, whence| {
+            // SAFETY: plain syscall on an open descriptor; no memory is passed.
+            let at = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, whence) };
+            if at >= 0 {
+                Ok(Some(at as u64))
+            } else {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::ENXIO) => Ok(None), // no data after `offset`
+                    _ => Err(e),
+                }
+            }
+        };
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(start) = seek(at, libc::SEEK_DATA)? {
+            let end = seek(start, libc::SEEK_HOLE)?.expect("a file ends in a hole");
+            out.push((start, end - start));
+            at = end;
+        }
+        Ok(out)
+    }
+
+    /// crc32c of the chunk's first `length` bytes, holes and the part past the end of
+    /// the file read as zeroes.
+    pub fn checksum(&self, chunk: ChunkId, length: u64) -> Result<u32, StoreError> {
+        check_range(0, length)?;
+        let mut crc = 0;
+        let mut at = 0;
+        while at < length {
+            let n = (length - at).min(READ_BYTES_MAX as u64 / 8) as u32;
+            crc = crc32c::crc32c_append(crc, &self.read(chunk, at, n)?);
+            at += n as u64;
+        }
+        Ok(crc)
     }
 
     /// Bytes of chunk data on disk (allocated blocks).
@@ -307,11 +391,18 @@ impl Log {
         let mut head = vec![0u8; wal::HEADER_BYTES as usize];
         let read = file.read_at(&mut head, 0)?;
         let start_seq = match wal::decode_header(&head[..read]) {
-            Some(seq) => seq,
-            None if read == 0 => 1,
-            None => {
+            Ok(seq) => seq,
+            Err(_) if read == 0 => 1,
+            Err(HeaderError::NotALog) => {
                 return Err(StoreError::Io(format!(
                     "{} is not a Floe write-ahead log (bad header); refusing to overwrite it",
+                    path.display()
+                )))
+            }
+            Err(HeaderError::Format(version)) => {
+                return Err(StoreError::Io(format!(
+                    "{} is a write-ahead log of format {version}, which this Floe cannot read; \
+                     start the chunk server of the Floe version that wrote it to drain it",
                     path.display()
                 )))
             }
@@ -458,12 +549,27 @@ impl Log {
         let chunk = header.chunk;
         if header.kind == Kind::DeleteVolume {
             self.files.forget_volume(chunk.volume_id);
+            self.files
+                .metas
+                .lock()
+                .unwrap()
+                .retain(|c, _| c.volume_id != chunk.volume_id);
             self.dirty_files.retain(|c| c.volume_id != chunk.volume_id);
             match std::fs::remove_dir_all(self.files.volume_dir(chunk.volume_id)) {
                 Err(e) if e.kind() != ErrorKind::NotFound => return Err(e.into()),
                 _ => {}
             }
             self.dirty_dirs.insert(self.files.dir.join("chunks"));
+            return Ok(());
+        }
+        self.files.metas.lock().unwrap().insert(
+            chunk,
+            ChunkMeta {
+                view: header.view,
+                version: header.version,
+            },
+        );
+        if header.kind == Kind::Stamp {
             return Ok(());
         }
         let existed =
@@ -481,7 +587,7 @@ impl Log {
         match header.kind {
             Kind::Write => file.write_all_at(data, header.offset)?,
             Kind::Zero | Kind::Punch => zero_range(&file, header)?,
-            Kind::DeleteVolume => unreachable!("handled above"),
+            Kind::DeleteVolume | Kind::Stamp => unreachable!("handled above"),
         }
         Ok(())
     }
@@ -501,6 +607,9 @@ impl Log {
         }
         self.dirty_files.clear();
         self.dirty_dirs.clear();
+        // The log is about to forget the records that carry replication state.
+        let metas = self.files.metas.lock().unwrap().clone();
+        meta::save(&self.files.dir.join("meta"), &metas)?;
         self.file
             .write_all_at(&wal::encode_header(self.next_seq), 0)?;
         self.file.sync_data()?;

@@ -3,21 +3,24 @@
 //! ```text
 //! header (offset 0, 4 KiB): magic u32 | version u32 | start_seq u64 | crc u32
 //! record:  magic u32 | crc u32 | seq u64 | kind u8 | pad [3] | volume_id u64 |
-//!          index u64 | offset u64 | length u64 | data (length bytes, writes only)
+//!          index u64 | offset u64 | length u64 | view u64 | version u64 |
+//!          data (length bytes, writes only)
 //! ```
 //! A record is valid when its magic and crc check and its `seq` is exactly the next
 //! expected one. The header's `start_seq` moves forward at each checkpoint, so records
 //! left over from before it can never be mistaken for new ones, and the log is reused
-//! from the start without being truncated or zeroed.
+//! from the start without being truncated or zeroed. `view` and `version` are the
+//! chunk's replication state once the record is applied, so the state is durable in
+//! the same write as the data it describes.
 
 use bytes::{Buf, BufMut};
 use floe_protocol::ChunkId;
 
 pub const HEADER_BYTES: u64 = 4096;
-pub const RECORD_HEADER_BYTES: usize = 52;
+pub const RECORD_HEADER_BYTES: usize = 68;
 const HEADER_MAGIC: u32 = 0x464c_5748; // "FLWH"
 const RECORD_MAGIC: u32 = 0x464c_5752; // "FLWR"
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
 /// No single record may carry more than this, so replay can bound its buffer.
 pub const RECORD_DATA_BYTES_MAX: u64 = 64 << 20;
 
@@ -31,6 +34,8 @@ pub enum Kind {
     Punch = 3,
     /// Drop every chunk of `volume_id`.
     DeleteVolume = 4,
+    /// Only set the chunk's view and version.
+    Stamp = 5,
 }
 
 impl Kind {
@@ -40,6 +45,7 @@ impl Kind {
             2 => Kind::Zero,
             3 => Kind::Punch,
             4 => Kind::DeleteVolume,
+            5 => Kind::Stamp,
             _ => return None,
         })
     }
@@ -52,6 +58,8 @@ pub struct RecordHeader {
     pub chunk: ChunkId,
     pub offset: u64,
     pub length: u64,
+    pub view: u64,
+    pub version: u64,
 }
 
 impl RecordHeader {
@@ -76,6 +84,8 @@ impl RecordHeader {
         out.put_u64_le(self.chunk.index);
         out.put_u64_le(self.offset);
         out.put_u64_le(self.length);
+        out.put_u64_le(self.view);
+        out.put_u64_le(self.version);
         out.extend_from_slice(data);
         let crc = crc32c::crc32c(&out[start + 8..]);
         out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
@@ -102,6 +112,8 @@ impl RecordHeader {
             },
             offset: r.get_u64_le(),
             length: r.get_u64_le(),
+            view: r.get_u64_le(),
+            version: r.get_u64_le(),
         };
         if header.seq != seq
             || (header.kind == Kind::Write && header.length > RECORD_DATA_BYTES_MAX)
@@ -127,18 +139,26 @@ pub fn encode_header(start_seq: u64) -> [u8; HEADER_BYTES as usize] {
     out
 }
 
-/// The start sequence number, or `None` if the header is not a valid Floe log header.
-pub fn decode_header(raw: &[u8]) -> Option<u64> {
-    if raw.len() < 20 {
-        return None;
+#[derive(Debug, PartialEq, Eq)]
+pub enum HeaderError {
+    NotALog,
+    /// A log of another format version (the version it has).
+    Format(u32),
+}
+
+/// The start sequence number of a log header.
+pub fn decode_header(raw: &[u8]) -> Result<u64, HeaderError> {
+    if raw.len() < 20 || crc32c::crc32c(&raw[..16]) != (&raw[16..20]).get_u32_le() {
+        return Err(HeaderError::NotALog);
     }
     let mut r = raw;
-    if r.get_u32_le() != HEADER_MAGIC || r.get_u32_le() != FORMAT_VERSION {
-        return None;
+    if r.get_u32_le() != HEADER_MAGIC {
+        return Err(HeaderError::NotALog);
     }
-    let start_seq = r.get_u64_le();
-    let crc = r.get_u32_le();
-    (crc32c::crc32c(&raw[..16]) == crc).then_some(start_seq)
+    match r.get_u32_le() {
+        FORMAT_VERSION => Ok(r.get_u64_le()),
+        other => Err(HeaderError::Format(other)),
+    }
 }
 
 #[cfg(test)]
@@ -156,6 +176,8 @@ mod tests {
             },
             offset: 4096,
             length: 3,
+            view: 4,
+            version: 1 << 32 | 9,
         };
         let mut out = Vec::new();
         header.encode(b"abc", &mut out);
@@ -171,7 +193,7 @@ mod tests {
             RecordHeader::decode(&raw, 6).is_none(),
             "stale sequence rejected"
         );
-        assert_eq!(decode_header(&encode_header(77)), Some(77));
-        assert_eq!(decode_header(&[0u8; 4096]), None);
+        assert_eq!(decode_header(&encode_header(77)), Ok(77));
+        assert_eq!(decode_header(&[0u8; 4096]), Err(HeaderError::NotALog));
     }
 }

@@ -2,7 +2,7 @@
 //! of the whole chunk server live in the CLI's end-to-end suite.
 
 use bytes::Bytes;
-use floe_chunkstore::{Store, StoreError};
+use floe_chunkstore::{ChunkMeta, Store, StoreError};
 use floe_protocol::ChunkId;
 use std::io::Write;
 
@@ -10,6 +10,14 @@ const CHUNK: ChunkId = ChunkId {
     volume_id: 7,
     index: 3,
 };
+const M: ChunkMeta = ChunkMeta {
+    view: 0,
+    version: 0,
+};
+
+fn version(version: u64) -> ChunkMeta {
+    ChunkMeta { view: 1, version }
+}
 
 #[tokio::test]
 async fn writes_zeroes_and_reopen() {
@@ -22,14 +30,14 @@ async fn writes_zeroes_and_reopen() {
             "unwritten reads zero"
         );
         store
-            .write(CHUNK, 4096, Bytes::from(vec![0xab; 8192]))
+            .write(CHUNK, 4096, Bytes::from(vec![0xab; 8192]), M)
             .await
             .unwrap();
-        store.zero(CHUNK, 8192, 100, false).await.unwrap();
-        store.zero(CHUNK, 4096, 10, true).await.unwrap();
+        store.zero(CHUNK, 8192, 100, false, M).await.unwrap();
+        store.zero(CHUNK, 4096, 10, true, M).await.unwrap();
         assert!(matches!(
             store
-                .write(CHUNK, u64::MAX - 1, Bytes::from_static(b"xx"))
+                .write(CHUNK, u64::MAX - 1, Bytes::from_static(b"xx"), M)
                 .await,
             Err(StoreError::OutOfRange { .. })
         ));
@@ -55,7 +63,10 @@ async fn replay_applies_whole_records_and_stops_at_a_torn_tail() {
     let store = Store::open(dir.path()).unwrap();
     for i in 0..100u64 {
         let data = Bytes::from(vec![i as u8 + 1; 4096]);
-        store.write(CHUNK, i * 4096, data).await.unwrap();
+        store
+            .write(CHUNK, i * 4096, data, version(i + 1))
+            .await
+            .unwrap();
     }
     std::fs::copy(dir.path().join("wal"), crashed.path().join("wal")).unwrap();
     drop(store);
@@ -69,6 +80,11 @@ async fn replay_applies_whole_records_and_stops_at_a_torn_tail() {
     drop(wal);
 
     let store = Store::open(crashed.path()).unwrap();
+    assert_eq!(
+        store.meta(CHUNK),
+        version(100),
+        "state replayed with the data"
+    );
     for i in 0..100u64 {
         let data = store.read(CHUNK, i * 4096, 4096).unwrap();
         assert!(
@@ -78,11 +94,16 @@ async fn replay_applies_whole_records_and_stops_at_a_torn_tail() {
     }
     // After replay the log restarts: new writes survive another reopen.
     store
-        .write(CHUNK, 0, Bytes::from(vec![0xee; 512]))
+        .write(CHUNK, 0, Bytes::from(vec![0xee; 512]), version(101))
         .await
         .unwrap();
     drop(store);
     let store = Store::open(crashed.path()).unwrap();
+    assert_eq!(
+        store.meta(CHUNK),
+        version(101),
+        "state kept across checkpoints"
+    );
     assert_eq!(store.read(CHUNK, 0, 1).unwrap()[0], 0xee);
     assert_eq!(store.read(CHUNK, 512, 1).unwrap()[0], 1);
 }
@@ -96,4 +117,29 @@ async fn a_foreign_log_file_is_refused_not_overwritten() {
         error.to_string().contains("not a Floe write-ahead log"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn extents_and_checksums_see_data_not_holes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let empty = store.checksum(CHUNK, 1 << 20).unwrap();
+    assert!(store.extents(CHUNK).unwrap().is_empty());
+    store
+        .write(CHUNK, 512 << 10, Bytes::from(vec![1; 4096]), version(1))
+        .await
+        .unwrap();
+    let extents = store.extents(CHUNK).unwrap();
+    assert_eq!(extents.len(), 1);
+    let (start, length) = extents[0];
+    assert!(start <= 512 << 10 && start + length >= (512 << 10) + 4096);
+    let written = store.checksum(CHUNK, 1 << 20).unwrap();
+    assert_ne!(written, empty);
+    store.set_meta(CHUNK, version(2)).await.unwrap();
+    assert_eq!(store.meta(CHUNK), version(2));
+    store
+        .zero(CHUNK, 512 << 10, 4096, true, version(3))
+        .await
+        .unwrap();
+    assert_eq!(store.checksum(CHUNK, 1 << 20).unwrap(), empty);
 }

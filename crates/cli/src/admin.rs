@@ -1,8 +1,9 @@
-//! `floe volume ...` and `floe status`: one call to the master each, printed as tables.
+//! `floe volume ...`, `floe status`, `floe scrub` and `floe chunkserver mark-lost`:
+//! one call to the master each, printed as tables.
 
 use crate::size;
 use floe_client::master::MasterClient;
-use floe_protocol::{Volume, VolumeSpec};
+use floe_protocol::{ControlRequest, ControlResponse, ServerId, Volume, VolumeSpec};
 
 fn volume_row(v: &Volume) -> String {
     format!(
@@ -66,8 +67,23 @@ pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
         v.spec.chunk_count()
     );
     for chunk in &map.chunks {
-        let replicas: Vec<String> = chunk.replicas.iter().map(|id| id.to_string()).collect();
-        println!("  chunk {:>6}: servers {}", chunk.index, replicas.join(","));
+        let replicas: Vec<String> = chunk
+            .replicas
+            .iter()
+            .map(|id| {
+                if chunk.stale.contains(id) {
+                    format!("{id}(stale)")
+                } else {
+                    id.to_string()
+                }
+            })
+            .collect();
+        println!(
+            "  chunk {:>6}: servers {} view {}",
+            chunk.index,
+            replicas.join(","),
+            chunk.view
+        );
     }
     Ok(())
 }
@@ -121,7 +137,13 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
             s.host,
             s.address,
             s.class,
-            if s.up { "up" } else { "DOWN" },
+            if s.lost {
+                "LOST"
+            } else if s.up {
+                "up"
+            } else {
+                "DOWN"
+            },
             size::format(s.used_bytes),
             size::format(s.capacity_bytes)
         );
@@ -131,5 +153,71 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
     for v in &status.volumes {
         println!("{}", volume_row(v));
     }
+    let r = &status.recovery;
+    println!();
+    if r.degraded_chunks == 0 {
+        println!("redundancy: every chunk has all its replicas");
+    } else {
+        println!(
+            "redundancy: {} chunks degraded, {} being repaired{}",
+            r.degraded_chunks,
+            r.in_progress,
+            match r.eta_seconds {
+                Some(eta) => format!(", about {eta} s to full redundancy"),
+                None => String::new(),
+            }
+        );
+    }
+    if r.waiting_for_operator > 0 {
+        println!(
+            "  {} chunks have fewer than a majority of replicas reachable: bring their servers back, or declare failed ones lost with `floe chunkserver mark-lost ID`",
+            r.waiting_for_operator
+        );
+    }
+    println!(
+        "recovery: {} chunks repaired ({} incremental, {} whole copies), {} copied, {}/s now",
+        r.repaired_chunks,
+        r.incremental_repairs,
+        r.full_copies,
+        size::format(r.bytes_copied),
+        size::format(r.bytes_per_second)
+    );
+    if let Some(error) = &r.last_error {
+        println!("  last attempt failed: {error}");
+    }
+    Ok(())
+}
+
+pub async fn scrub(master: &MasterClient, name: &str) -> Result<(), String> {
+    let reply = master
+        .call(ControlRequest::Scrub {
+            name: name.to_string(),
+        })
+        .await
+        .map_err(|e| format!("cannot scrub volume {name}: {e}"))?;
+    let ControlResponse::Scrub(report) = reply else {
+        return Err(format!("master answered {reply:?}"));
+    };
+    for detail in &report.details {
+        println!("{detail}");
+    }
+    println!(
+        "scrubbed {name}: {} chunks, {} differences, {} repaired, {} skipped",
+        report.chunks, report.differences, report.repaired, report.skipped
+    );
+    if report.differences > report.repaired || report.skipped > 0 {
+        return Err(format!(
+            "volume {name} is not verified clean: see the lines above"
+        ));
+    }
+    Ok(())
+}
+
+pub async fn mark_lost(master: &MasterClient, id: ServerId) -> Result<(), String> {
+    master
+        .call(ControlRequest::MarkLost { id })
+        .await
+        .map_err(|e| format!("cannot mark chunk server {id} lost: {e}"))?;
+    println!("chunk server {id} marked lost; its chunks are recovered from the surviving replicas");
     Ok(())
 }

@@ -55,31 +55,54 @@ enum Command {
         #[arg(long)]
         metadata: String,
     },
-    /// Run a chunk server on one data directory.
+    /// Run a chunk server on one data directory (`floe chunkserver --dir ...`), or
+    /// administer one (`floe chunkserver mark-lost ID`).
+    #[command(args_conflicts_with_subcommands = true)]
     Chunkserver {
-        #[arg(long)]
-        dir: PathBuf,
-        #[arg(long)]
-        listen: String,
-        /// Failure domain: replicas of a chunk go to distinct hosts.
-        #[arg(long)]
-        host: String,
-        #[arg(long, default_value = "ssd")]
-        class: DeviceClass,
-        /// Capacity to advertise; defaults to the size of the file system under --dir.
-        #[arg(long, value_parser = size::parse)]
-        capacity: Option<u64>,
+        #[command(flatten)]
+        run: Option<ChunkserverArgs>,
+        #[command(subcommand)]
+        admin: Option<ChunkserverCommand>,
     },
     /// Run a gateway exporting volumes over NBD.
     Gateway {
         #[arg(long, default_value = "127.0.0.1:10809")]
         listen: String,
+        /// Export volumes read-only: no lease is taken, so another gateway may write.
+        #[arg(long)]
+        read_only: bool,
     },
     /// Manage volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
-    /// Show hosts, chunk servers, capacity and volumes.
+    /// Show hosts, chunk servers, capacity, volumes, redundancy and recovery.
     Status,
+    /// Compare the replicas of every chunk of a volume and repair differences.
+    Scrub { name: String },
+}
+
+#[derive(clap::Args)]
+struct ChunkserverArgs {
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long)]
+    listen: String,
+    /// Failure domain: replicas of a chunk go to distinct hosts.
+    #[arg(long)]
+    host: String,
+    #[arg(long, default_value = "ssd")]
+    class: DeviceClass,
+    /// Capacity to advertise; defaults to the size of the file system under --dir.
+    #[arg(long, value_parser = size::parse)]
+    capacity: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum ChunkserverCommand {
+    /// Declare a failed chunk server permanently lost, so chunks whose surviving
+    /// replicas are a minority can be recovered from them. Acknowledged writes held
+    /// only by the lost server's replicas are lost with it.
+    MarkLost { id: floe_protocol::ServerId },
 }
 
 #[derive(Subcommand)]
@@ -195,11 +218,22 @@ async fn execute(cli: Cli) -> Result<(), String> {
             floe_master::run(bind(&listen).await?, &metadata).await
         }
         Command::Chunkserver {
-            dir,
-            listen,
-            host,
-            class,
-            capacity,
+            admin: Some(ChunkserverCommand::MarkLost { id }),
+            ..
+        } => admin::mark_lost(&master, id).await,
+        Command::Chunkserver { run: None, .. } => {
+            Err("give --dir, --listen and --host to run a chunk server (see --help)".into())
+        }
+        Command::Chunkserver {
+            run:
+                Some(ChunkserverArgs {
+                    dir,
+                    listen,
+                    host,
+                    class,
+                    capacity,
+                }),
+            ..
         } => {
             let capacity_bytes = match capacity {
                 Some(c) => c,
@@ -216,9 +250,9 @@ async fn execute(cli: Cli) -> Result<(), String> {
             })
             .await
         }
-        Command::Gateway { listen } => {
+        Command::Gateway { listen, read_only } => {
             let listener = bind(&listen).await?;
-            floe_gateway::run(listener, &cli.master, stop_signal()).await;
+            floe_gateway::run(listener, &cli.master, read_only, stop_signal()).await;
             Ok(())
         }
         Command::Volume(command) => match command {
@@ -246,6 +280,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             VolumeCommand::Delete { name } => admin::delete(&master, &name).await,
         },
         Command::Status => admin::status(&master).await,
+        Command::Scrub { name } => admin::scrub(&master, &name).await,
     }
 }
 
@@ -253,7 +288,9 @@ fn main() {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Master { .. } | Command::Chunkserver { .. } | Command::Gateway { .. }
+        Command::Master { .. }
+            | Command::Chunkserver { run: Some(_), .. }
+            | Command::Gateway { .. }
     ) {
         init_logging();
     }

@@ -1,12 +1,14 @@
 //! The Floe client: a volume is a stack of layers (DESIGN.md section 3).
 //!
 //! - [`master`]: typed calls to the master (volume maps, chunk allocation).
+//! - [`lease`]: the volume's single-writer lease.
 //! - [`stripe`]: the striping formula, and the layer that turns volume requests into
 //!   chunk requests ([`stripe::Striped`], a [`floe_blockdev::BlockDevice`]).
-//! - [`replicated`]: the chunk layer: allocation on first write, writes to the
-//!   primary which forwards to the backups, reads from the primary with fallback.
+//! - [`replicated`]: the chunk layer: the writer's side of the replication protocol
+//!   (versions, majority commit, laggard reports, reads with version checks).
 //!
 //! [`open_volume`] composes them for a volume name.
+pub mod lease;
 pub mod master;
 pub mod replicated;
 pub mod stripe;
@@ -14,14 +16,29 @@ pub mod stripe;
 use floe_blockdev::BlockDevice;
 use std::sync::Arc;
 
+/// How a volume is opened.
+pub enum Access<'a> {
+    /// Writable, holding the volume's lease in the name of `holder`.
+    Write { holder: &'a str },
+    /// Read-only: no lease, writes fail.
+    Read,
+}
+
 /// Opens `name` through the master at `master` as a block device.
 pub async fn open_volume(
     master: Arc<master::MasterClient>,
     name: &str,
+    access: Access<'_>,
 ) -> Result<Arc<dyn BlockDevice>, String> {
     let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
+    let lease = match access {
+        Access::Write { holder } => {
+            Some(lease::Lease::acquire_waiting(master.clone(), name, holder).await?)
+        }
+        Access::Read => None,
+    };
     let layout = stripe::Layout::of(&map.volume.spec);
     let size = map.volume.spec.size_bytes;
-    let chunks = replicated::ReplicatedChunks::new(master, map);
+    let chunks = replicated::ReplicatedChunks::new(master, map, lease);
     Ok(Arc::new(stripe::Striped::new(layout, size, chunks)))
 }

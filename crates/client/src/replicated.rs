@@ -1,12 +1,21 @@
-//! The chunk layer: each chunk has replicas on several chunk servers, primary first.
+//! The chunk layer: the writer's side of the replication protocol (URSA section 4).
 //!
-//! A write completes when every replica has it durable: small writes are sent by the
-//! client to all replicas, larger ones to the primary, which forwards them to the
-//! backups (the URSA protocol's versions, views and repair come on top of this).
-//! A chunk is allocated by the master on its first write; until then it reads as
-//! zeroes without a network round trip. Transport failures are retried with a fresh
-//! server map, since a restarted chunk server may have a new address.
+//! Each chunk has replicas on several chunk servers, primary first. The writer (the
+//! volume's lease holder) learns a chunk's version from its replicas the first time it
+//! touches the chunk, then numbers every change (see [`floe_protocol::Stamp`]).
+//! - Changes up to 8 KiB go from the client to every replica at once (client-directed
+//!   replication); larger ones to the primary, which forwards them to the backups,
+//!   and, when that fails, to every replica directly (replicas skip what they hold).
+//! - A change commits when every replica has it durable; a replica that fails or
+//!   does not answer within [`REPLICA_TIMEOUT`] is left behind when a majority has it:
+//!   the master is told, marks the replica stale and repairs it, and until then this
+//!   writer neither writes to nor reads from it.
+//! - Reads go to the first good replica holding at least the last committed version,
+//!   falling back to the others (primary switching without reconfiguration).
+//! - A refused view means the master changed the replica set: the map is refreshed
+//!   and the change resent. A refused lease generation fails the write for good.
 
+use crate::lease::Lease;
 use crate::master::MasterClient;
 use crate::stripe::ChunkIo;
 use async_trait::async_trait;
@@ -14,25 +23,60 @@ use bytes::{Bytes, BytesMut};
 use floe_blockdev::IoError;
 use floe_protocol::connection::CallError;
 use floe_protocol::{
-    ChunkId, ConnectionPool, ControlRequest, ControlResponse, Request, Response, ServerId, Status,
-    VolumeMap,
+    next_version, ChunkId, ChunkPlacement, ConnectionPool, ControlRequest, ControlResponse,
+    Request, Response, ServerId, ServerInfo, Stamp, Status, VolumeMap,
 };
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-/// Attempts of one chunk request over transport failures, with this pause between.
-const ATTEMPTS_MAX: u32 = 8;
-const RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// How long a replica may take before the writer commits without it.
+pub const REPLICA_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one chunk request keeps retrying (view changes, no majority) before it
+/// fails with an I/O error.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// Writes up to this size are sent by the client to all replicas (URSA's T_c).
 const CLIENT_DIRECTED_BYTES_MAX: usize = 8 << 10;
+/// A server that failed a request is avoided for this long on other chunks too.
+const SUSPECT_FOR: Duration = Duration::from_secs(10);
+
+/// Where a chunk request goes.
+struct Replicas {
+    /// (server, address) of the good replicas, primary first, recently failed
+    /// servers last.
+    good: Vec<(ServerId, String)>,
+    /// Replicas that must have a change for it to commit.
+    majority: usize,
+    view: u64,
+}
+
+struct Chunk {
+    placement: ChunkPlacement,
+    /// Replicas this writer left behind and reported; cleared by a view change.
+    excluded: HashSet<ServerId>,
+    /// Last version handed out; `None` until learned from the replicas.
+    last: Option<u64>,
+    /// Highest version known durable on every good replica.
+    committed: u64,
+}
+
+impl Chunk {
+    fn good(&self, id: &ServerId) -> bool {
+        !self.placement.stale.contains(id) && !self.excluded.contains(id)
+    }
+}
 
 pub struct ReplicatedChunks {
     master: Arc<MasterClient>,
     volume_id: u64,
     volume_name: String,
-    placements: RwLock<HashMap<u64, Vec<ServerId>>>,
-    addresses: RwLock<HashMap<ServerId, String>>,
+    /// `None`: opened read-only.
+    lease: Option<Lease>,
+    chunks: Mutex<HashMap<u64, Chunk>>,
+    servers: Mutex<HashMap<ServerId, String>>,
+    /// Servers that recently failed a request, and when.
+    suspects: Mutex<HashMap<ServerId, Instant>>,
     pool: ConnectionPool,
 }
 
@@ -46,36 +90,88 @@ fn io_error(e: CallError) -> IoError {
     }
 }
 
-/// Worth retrying: the peer may be back or have moved.
-fn transient(e: &CallError) -> bool {
-    match e {
-        CallError::Connect { .. } | CallError::Closed(_) => true,
-        CallError::Remote { status, .. } => *status == Status::Unavailable,
-        CallError::BadReply { .. } => false,
+/// One replica's answer to a change.
+enum Outcome {
+    Done,
+    Fenced(String),
+    StaleView,
+    /// Failed, refused as behind, or too slow.
+    Lagging(CallError),
+}
+
+fn outcome(
+    result: Result<Result<Response, CallError>, tokio::time::error::Elapsed>,
+    address: &str,
+) -> Outcome {
+    match result {
+        Ok(Ok(Response::Done)) => Outcome::Done,
+        Ok(Ok(other)) => Outcome::Lagging(CallError::BadReply {
+            address: address.to_string(),
+            reason: format!("{other:?}"),
+        }),
+        Ok(Err(CallError::Remote {
+            status: Status::Fenced,
+            message,
+        })) => Outcome::Fenced(message),
+        Ok(Err(CallError::Remote {
+            status: Status::StaleView,
+            ..
+        })) => Outcome::StaleView,
+        Ok(Err(e)) => Outcome::Lagging(e),
+        Err(_) => Outcome::Lagging(CallError::Closed(format!(
+            "{address} (no answer within {REPLICA_TIMEOUT:?})"
+        ))),
     }
 }
 
+fn is_transport(e: &CallError) -> bool {
+    matches!(e, CallError::Connect { .. } | CallError::Closed(_))
+}
+
 impl ReplicatedChunks {
-    pub fn new(master: Arc<MasterClient>, map: VolumeMap) -> Self {
+    pub fn new(master: Arc<MasterClient>, map: VolumeMap, lease: Option<Lease>) -> Self {
         let chunks = ReplicatedChunks {
             master,
             volume_id: map.volume.id,
             volume_name: map.volume.spec.name.clone(),
-            placements: RwLock::default(),
-            addresses: RwLock::default(),
+            lease,
+            chunks: Mutex::default(),
+            servers: Mutex::default(),
+            suspects: Mutex::default(),
             pool: ConnectionPool::default(),
         };
-        chunks.absorb(map);
+        chunks.absorb(map.chunks, map.servers);
         chunks
     }
 
-    fn absorb(&self, map: VolumeMap) {
-        let mut placements = self.placements.write().unwrap();
-        for chunk in map.chunks {
-            placements.insert(chunk.index, chunk.replicas);
+    /// Takes in placements from the master: a newer view replaces what this writer
+    /// knew; the same view may add stale replicas.
+    fn absorb(&self, placements: Vec<ChunkPlacement>, servers: Vec<ServerInfo>) {
+        let mut chunks = self.chunks.lock().unwrap();
+        for placement in placements {
+            match chunks.get_mut(&placement.index) {
+                Some(chunk) if placement.view < chunk.placement.view => {}
+                Some(chunk) => {
+                    if placement.view > chunk.placement.view {
+                        chunk.excluded.clear();
+                    }
+                    chunk.placement = placement;
+                }
+                None => {
+                    chunks.insert(
+                        placement.index,
+                        Chunk {
+                            placement,
+                            excluded: HashSet::new(),
+                            last: None,
+                            committed: 0,
+                        },
+                    );
+                }
+            }
         }
-        let mut addresses = self.addresses.write().unwrap();
-        for server in map.servers {
+        let mut addresses = self.servers.lock().unwrap();
+        for server in servers {
             addresses.insert(server.id, server.address);
         }
     }
@@ -87,18 +183,43 @@ impl ReplicatedChunks {
         }
     }
 
-    /// Replica addresses, primary first; `None` if the chunk is not allocated.
-    fn replicas(&self, index: u64) -> Option<Vec<String>> {
-        let placements = self.placements.read().unwrap();
-        let addresses = self.addresses.read().unwrap();
-        placements.get(&index).map(|ids| {
-            ids.iter()
-                .map(|id| addresses.get(id).cloned().unwrap_or_default())
-                .collect()
+    fn address(&self, id: ServerId) -> String {
+        self.servers
+            .lock()
+            .unwrap()
+            .get(&id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn suspected(&self, id: ServerId) -> bool {
+        self.suspects
+            .lock()
+            .unwrap()
+            .get(&id)
+            .is_some_and(|t| t.elapsed() < SUSPECT_FOR)
+    }
+
+    /// The chunk's good replicas now; `None` if the chunk is not allocated.
+    fn replicas(&self, index: u64) -> Option<Replicas> {
+        let chunks = self.chunks.lock().unwrap();
+        let chunk = chunks.get(&index)?;
+        let mut good: Vec<ServerId> = chunk
+            .placement
+            .replicas
+            .iter()
+            .copied()
+            .filter(|id| chunk.good(id))
+            .collect();
+        good.sort_by_key(|id| self.suspected(*id));
+        Some(Replicas {
+            good: good.into_iter().map(|id| (id, self.address(id))).collect(),
+            majority: chunk.placement.replicas.len() / 2 + 1,
+            view: chunk.placement.view,
         })
     }
 
-    async fn allocate(&self, index: u64) -> Result<Vec<String>, IoError> {
+    async fn allocate(&self, index: u64) -> Result<(), IoError> {
         let reply = self
             .master
             .call(ControlRequest::AllocateChunk {
@@ -112,66 +233,216 @@ impl ReplicatedChunks {
                 "master answered allocation with {reply:?}"
             )));
         };
-        {
-            let mut addresses = self.addresses.write().unwrap();
-            for server in servers {
-                addresses.insert(server.id, server.address);
-            }
-        }
-        self.placements
-            .write()
-            .unwrap()
-            .insert(index, placement.replicas);
-        Ok(self.replicas(index).expect("just inserted"))
+        self.absorb(vec![placement], servers);
+        Ok(())
     }
 
-    /// Re-reads server addresses from the master after a transport failure.
+    /// Re-reads the volume map from the master.
     async fn refresh(&self) {
         match self.master.volume_map(&self.volume_name).await {
-            Ok(map) => self.absorb(map),
+            Ok(map) => self.absorb(map.chunks, map.servers),
             Err(e) => tracing::warn!("cannot refresh the volume map: {e}"),
         }
     }
 
-    /// Sends a change to every replica and waits until all have it durable. Small
-    /// changes go from the client to each replica at once (URSA's client-directed
-    /// replication: one network hop instead of two); larger ones go to the primary,
-    /// which forwards them to the backups, so the client sends the data only once.
-    async fn replicate(
+    /// Leaves `server` behind on chunk `index` and tells the master, which marks the
+    /// replica stale and repairs it.
+    async fn leave_behind(&self, index: u64, server: ServerId, why: &CallError) {
+        {
+            let mut chunks = self.chunks.lock().unwrap();
+            let Some(chunk) = chunks.get_mut(&index) else {
+                return;
+            };
+            if !chunk.excluded.insert(server) {
+                return;
+            }
+        }
+        if is_transport(why) {
+            self.suspects.lock().unwrap().insert(server, Instant::now());
+        }
+        tracing::warn!(chunk = index, server, "replica left behind: {why}");
+        let report = ControlRequest::ReportLaggard {
+            volume_id: self.volume_id,
+            index,
+            server,
+        };
+        match self.master.call(report).await {
+            Ok(ControlResponse::Chunk { placement, servers }) => {
+                self.absorb(vec![placement], servers)
+            }
+            Ok(other) => tracing::warn!("master answered a laggard report with {other:?}"),
+            Err(e) => tracing::warn!("cannot report a laggard to the master: {e}"),
+        }
+    }
+
+    /// Learns the chunk's current version from its good replicas (once per chunk):
+    /// the highest a majority reports. Replicas below it are left behind.
+    async fn learn_version(&self, index: u64) -> Result<(), IoError> {
+        let deadline = Instant::now() + REQUEST_DEADLINE;
+        loop {
+            if self
+                .chunks
+                .lock()
+                .unwrap()
+                .get(&index)
+                .is_none_or(|c| c.last.is_some())
+            {
+                return Ok(());
+            }
+            let Replicas { good, majority, .. } = self.replicas(index).expect("allocated");
+            let chunk = self.chunk_id(index);
+            let infos = futures::future::join_all(good.iter().map(|(_, address)| {
+                let request = Request::Control(ControlRequest::ChunkInfo { chunk });
+                tokio::time::timeout(REPLICA_TIMEOUT, self.pool.call(address, request))
+            }))
+            .await;
+            let mut versions = Vec::new();
+            let mut failures = Vec::new();
+            for ((id, address), info) in good.iter().zip(infos) {
+                match info {
+                    Ok(Ok(Response::Control(ControlResponse::ChunkInfo { version, .. }))) => {
+                        versions.push((*id, version))
+                    }
+                    Ok(Err(e)) => failures.push((*id, e)),
+                    Ok(Ok(other)) => failures.push((
+                        *id,
+                        CallError::BadReply {
+                            address: address.clone(),
+                            reason: format!("{other:?}"),
+                        },
+                    )),
+                    Err(_) => failures.push((*id, CallError::Closed(address.clone()))),
+                }
+            }
+            if versions.len() >= majority {
+                let top = versions.iter().map(|v| v.1).max().expect("a majority");
+                {
+                    let mut chunks = self.chunks.lock().unwrap();
+                    let chunk = chunks.get_mut(&index).expect("allocated");
+                    if chunk.last.is_some() {
+                        // Another request learned it first and may have written since:
+                        // these answers are out of date.
+                        return Ok(());
+                    }
+                    chunk.last = Some(top);
+                    chunk.committed = top;
+                }
+                for (id, e) in failures {
+                    self.leave_behind(index, id, &e).await;
+                }
+                for (id, version) in versions.iter().filter(|v| v.1 < top) {
+                    let why = CallError::Remote {
+                        status: Status::Behind,
+                        message: format!("holds version {version:#x}, others {top:#x}"),
+                    };
+                    self.leave_behind(index, *id, &why).await;
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let why = failures
+                    .first()
+                    .map_or("no replica".into(), |f| f.1.to_string());
+                return Err(IoError::Io(format!(
+                    "chunk {index}: fewer than a majority of replicas answered: {why}"
+                )));
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+            self.refresh().await;
+        }
+    }
+
+    /// Sends one change to the replicas until it commits (see the module comment).
+    async fn change(
         &self,
         index: u64,
         bytes: usize,
-        make: impl Fn(Vec<String>) -> Request,
+        make: impl Fn(Stamp, Vec<String>) -> Request,
     ) -> Result<(), IoError> {
-        let mut attempt = 1;
-        loop {
-            let replicas = self
-                .replicas(index)
-                .ok_or_else(|| IoError::Io(format!("chunk {index} lost its placement")))?;
-            let sends: Vec<(String, Request)> = if bytes <= CLIENT_DIRECTED_BYTES_MAX {
-                let request = make(Vec::new());
-                replicas.into_iter().map(|r| (r, request.clone())).collect()
-            } else {
-                let mut backups = replicas;
-                let primary = backups.remove(0);
-                vec![(primary, make(backups))]
-            };
-            let calls = sends
-                .into_iter()
-                .map(|(address, request)| async move { self.pool.call(&address, request).await });
-            let results = futures::future::join_all(calls).await;
-            match results.into_iter().find_map(Result::err) {
-                None => return Ok(()),
-                Some(e) if transient(&e) && attempt < ATTEMPTS_MAX => {
-                    tracing::warn!(
-                        chunk = index,
-                        attempt,
-                        "replicated write failed, retrying: {e}"
-                    );
-                }
-                Some(e) => return Err(io_error(e)),
+        let lease = self.lease.as_ref().ok_or(IoError::ReadOnly)?;
+        lease.check()?;
+        self.learn_version(index).await?;
+        let mut stamp = {
+            let mut chunks = self.chunks.lock().unwrap();
+            let chunk = chunks.get_mut(&index).expect("allocated");
+            let prev = chunk.last.expect("learned");
+            let version = next_version(prev, lease.generation());
+            chunk.last = Some(version);
+            Stamp {
+                view: chunk.placement.view,
+                prev,
+                version,
             }
-            attempt += 1;
+        };
+        let deadline = Instant::now() + REQUEST_DEADLINE;
+        loop {
+            let Replicas {
+                good,
+                majority,
+                view,
+            } = self.replicas(index).expect("allocated");
+            stamp.view = view;
+            let mut outcomes = Vec::new();
+            if bytes > CLIENT_DIRECTED_BYTES_MAX && good.len() > 1 {
+                let forward = good[1..].iter().map(|(_, a)| a.clone()).collect();
+                let primary = &good[0].1;
+                let reply = tokio::time::timeout(
+                    REPLICA_TIMEOUT,
+                    self.pool.call(primary, make(stamp, forward)),
+                )
+                .await;
+                if let Outcome::Done = outcome(reply, primary) {
+                    outcomes = good.iter().map(|(id, _)| (*id, Outcome::Done)).collect();
+                }
+            }
+            if outcomes.is_empty() {
+                let request = make(stamp, Vec::new());
+                let replies = futures::future::join_all(good.iter().map(|(_, address)| {
+                    tokio::time::timeout(REPLICA_TIMEOUT, self.pool.call(address, request.clone()))
+                }))
+                .await;
+                outcomes = good
+                    .iter()
+                    .zip(replies)
+                    .map(|((id, address), reply)| (*id, outcome(reply, address)))
+                    .collect();
+            }
+            let done = outcomes
+                .iter()
+                .filter(|(_, o)| matches!(o, Outcome::Done))
+                .count();
+            if let Some((_, Outcome::Fenced(why))) = outcomes
+                .iter()
+                .find(|(_, o)| matches!(o, Outcome::Fenced(_)))
+            {
+                return Err(lease.fenced(why));
+            }
+            let mut last_error = None;
+            if done >= majority {
+                for (id, o) in outcomes {
+                    if let Outcome::Lagging(e) = o {
+                        self.leave_behind(index, id, &e).await;
+                    }
+                }
+                let mut chunks = self.chunks.lock().unwrap();
+                let chunk = chunks.get_mut(&index).expect("allocated");
+                chunk.committed = chunk.committed.max(stamp.version);
+                return Ok(());
+            }
+            for (id, o) in outcomes {
+                if let Outcome::Lagging(e) = o {
+                    if is_transport(&e) {
+                        self.suspects.lock().unwrap().insert(id, Instant::now());
+                    }
+                    last_error = Some(e);
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(last_error.map_or_else(
+                    || IoError::Io(format!("chunk {index}: replica set kept changing")),
+                    io_error,
+                ));
+            }
             tokio::time::sleep(RETRY_PAUSE).await;
             self.refresh().await;
         }
@@ -180,43 +451,57 @@ impl ReplicatedChunks {
 
 #[async_trait]
 impl ChunkIo for ReplicatedChunks {
-    /// Reads from the primary, falling back to the other replicas in order: every
-    /// replica holds every acknowledged write.
     async fn read(&self, index: u64, offset: u64, length: u32) -> Result<Bytes, IoError> {
+        if self.replicas(index).is_none() {
+            return Ok(BytesMut::zeroed(length as usize).freeze());
+        }
+        self.learn_version(index).await?;
         let chunk = self.chunk_id(index);
-        let mut attempt = 1;
+        let deadline = Instant::now() + REQUEST_DEADLINE;
         loop {
-            let Some(replicas) = self.replicas(index) else {
-                return Ok(BytesMut::zeroed(length as usize).freeze());
-            };
+            let good = self.replicas(index).expect("allocated").good;
+            let min_version = self.chunks.lock().unwrap()[&index].committed;
             let mut last_error = None;
-            for address in &replicas {
+            for (id, address) in &good {
                 let request = Request::Read {
                     chunk,
                     offset,
                     length,
+                    min_version,
                 };
-                match self.pool.call(address, request).await {
-                    Ok(Response::Data(data)) if data.len() == length as usize => return Ok(data),
-                    Ok(other) => {
-                        return Err(IoError::Io(format!(
+                let reply =
+                    tokio::time::timeout(REPLICA_TIMEOUT, self.pool.call(address, request)).await;
+                match reply {
+                    Ok(Ok(Response::Data(data))) if data.len() == length as usize => {
+                        return Ok(data)
+                    }
+                    Ok(Ok(other)) => {
+                        last_error = Some(IoError::Io(format!(
                             "{address} answered a read with {other:?}"
                         )))
                     }
-                    Err(e) if transient(&e) => last_error = Some(e),
-                    Err(e) => return Err(io_error(e)),
+                    Ok(Err(e)) => {
+                        if is_transport(&e) {
+                            self.suspects.lock().unwrap().insert(*id, Instant::now());
+                        }
+                        last_error = Some(io_error(e));
+                    }
+                    Err(_) => {
+                        self.suspects.lock().unwrap().insert(*id, Instant::now());
+                        last_error = Some(IoError::Io(format!(
+                            "{address} did not answer a read within {REPLICA_TIMEOUT:?}"
+                        )));
+                    }
                 }
             }
-            let error = last_error.expect("a chunk has at least one replica");
-            if attempt == ATTEMPTS_MAX {
-                return Err(io_error(error));
+            if Instant::now() > deadline {
+                return Err(last_error
+                    .unwrap_or_else(|| IoError::Io(format!("chunk {index}: no good replica"))));
             }
             tracing::warn!(
                 chunk = index,
-                attempt,
-                "no replica answered a read, retrying: {error}"
+                "no replica served a read, retrying: {last_error:?}"
             );
-            attempt += 1;
             tokio::time::sleep(RETRY_PAUSE).await;
             self.refresh().await;
         }
@@ -224,11 +509,13 @@ impl ChunkIo for ReplicatedChunks {
 
     async fn write(&self, index: u64, offset: u64, data: Bytes) -> Result<(), IoError> {
         if self.replicas(index).is_none() {
+            self.lease.as_ref().ok_or(IoError::ReadOnly)?.check()?;
             self.allocate(index).await?;
         }
         let chunk = self.chunk_id(index);
-        self.replicate(index, data.len(), |forward| Request::Write {
+        self.change(index, data.len(), |stamp, forward| Request::Write {
             chunk,
+            stamp,
             offset,
             forward,
             data: data.clone(),
@@ -242,8 +529,9 @@ impl ChunkIo for ReplicatedChunks {
             return Ok(());
         }
         let chunk = self.chunk_id(index);
-        self.replicate(index, 0, |forward| Request::Zero {
+        self.change(index, 0, |stamp, forward| Request::Zero {
             chunk,
+            stamp,
             offset,
             length,
             punch,
@@ -253,6 +541,6 @@ impl ChunkIo for ReplicatedChunks {
     }
 
     fn is_allocated(&self, index: u64) -> bool {
-        self.placements.read().unwrap().contains_key(&index)
+        self.chunks.lock().unwrap().contains_key(&index)
     }
 }

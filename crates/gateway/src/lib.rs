@@ -13,6 +13,8 @@ use tokio::sync::Mutex;
 
 struct VolumeExports {
     master: Arc<MasterClient>,
+    /// Lease holder name shown to a second gateway; `None`: read-only, no leases.
+    holder: Option<String>,
     /// Open volumes; held weakly so a volume closes with its last connection.
     open: Mutex<HashMap<String, Weak<dyn BlockDevice>>>,
 }
@@ -34,7 +36,11 @@ impl Exports for VolumeExports {
         if let Some(device) = open.get(name).and_then(Weak::upgrade) {
             return Ok(device);
         }
-        let device = floe_client::open_volume(self.master.clone(), name).await?;
+        let access = match &self.holder {
+            Some(holder) => floe_client::Access::Write { holder },
+            None => floe_client::Access::Read,
+        };
+        let device = floe_client::open_volume(self.master.clone(), name, access).await?;
         open.retain(|_, d| d.strong_count() > 0);
         open.insert(name.to_string(), Arc::downgrade(&device));
         tracing::info!(volume = name, "volume opened");
@@ -43,13 +49,23 @@ impl Exports for VolumeExports {
 }
 
 /// Serves NBD on `listener` for volumes of the master at `master` until `shutdown`.
-pub async fn run(listener: TcpListener, master: &str, shutdown: impl std::future::Future) {
+/// A writable gateway takes each volume's lease while it has the volume open, so a
+/// second gateway cannot open it for writing meanwhile; a `read_only` one needs none.
+pub async fn run(
+    listener: TcpListener,
+    master: &str,
+    read_only: bool,
+    shutdown: impl std::future::Future,
+) {
+    let address = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let exports = Arc::new(VolumeExports {
         master: Arc::new(MasterClient::new(master)),
+        holder: (!read_only).then(|| format!("gateway {address} (pid {})", std::process::id())),
         open: Mutex::default(),
     });
-    if let Ok(address) = listener.local_addr() {
-        tracing::info!(%address, master, "gateway serving NBD");
-    }
+    tracing::info!(%address, master, read_only, "gateway serving NBD");
     floe_nbd::serve(listener, exports, shutdown).await;
 }

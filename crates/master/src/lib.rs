@@ -1,23 +1,28 @@
-//! The master: cluster membership, volumes and chunk allocation. Never on the data
-//! path: a gateway asks it for a volume's map once and for a chunk's placement on the
-//! chunk's first write.
+//! The master: cluster membership, volumes, chunk allocation, volume leases, and
+//! failure handling (see [`recovery`]). Never on the data path: a gateway asks it for
+//! a volume's map once, for a chunk's placement on the chunk's first write, and again
+//! only when a replica fails.
 //!
 //! State lives in the metadata store (embedded redb or etcd) under these keys, with an
 //! in-memory copy for reads:
 //! ```text
 //! server/ID               ServerInfo (JSON)
 //! volume/NAME             Volume (JSON)
-//! chunk/VOLUME/INDEX      replica server ids, primary first (JSON; hex ids)
+//! chunk/VOLUME/INDEX      ChunkPlacement: replicas (primary first), view, stale replicas
+//! lease/VOLUME            the volume's last lease: generation and holder
 //! deleted/VOLUME          tombstone: chunk servers drop this volume's chunks
-//! counter/server, counter/volume   last id handed out
+//! counter/server, counter/volume, counter/lease   last id handed out
 //! ```
+
+pub mod recovery;
 
 use floe_metadata::{MetaStore, Op};
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
-    ChunkId, ChunkPlacement, ClusterStatus, ControlRequest, ControlResponse, Request, Response,
-    ServerId, ServerInfo, Status, Volume, VolumeMap, VolumeSpec,
+    ChunkId, ChunkPlacement, ClusterStatus, ConnectionPool, ControlRequest, ControlResponse,
+    Request, Response, ServerId, ServerInfo, Status, Volume, VolumeMap, VolumeSpec,
 };
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,22 +31,40 @@ use tokio::sync::Mutex;
 
 /// A chunk server silent for this long is considered down.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A volume lease lasts this long unless renewed; holders renew every third of it.
+pub const LEASE_TERM: Duration = Duration::from_secs(5);
 
-struct State {
-    servers: BTreeMap<ServerId, ServerInfo>,
+/// A volume's single-writer lease.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Lease {
+    generation: u32,
+    holder: String,
+    #[serde(skip)]
+    expires: Option<Instant>,
+}
+
+pub(crate) struct State {
+    pub(crate) servers: BTreeMap<ServerId, ServerInfo>,
     last_heartbeat: HashMap<ServerId, Instant>,
     volumes: BTreeMap<String, Volume>,
-    chunks: HashMap<u64, BTreeMap<u64, Vec<ServerId>>>,
+    pub(crate) chunks: HashMap<u64, BTreeMap<u64, ChunkPlacement>>,
+    /// By volume id.
+    leases: HashMap<u64, Lease>,
     deleted_volumes: Vec<u64>,
     last_server_id: u64,
     last_volume_id: u64,
+    last_lease: u64,
 }
 
 pub struct Master {
     store: Box<dyn MetaStore>,
     /// One lock for all state: control requests are rare, and serialising them keeps
-    /// allocation and id assignment trivially race-free.
+    /// allocation and id assignment trivially race-free. Never held across calls to
+    /// chunk servers.
     state: Mutex<State>,
+    /// Connections to chunk servers, for recovery and scrub.
+    peers: ConnectionPool,
+    recovery: recovery::Progress,
 }
 
 type Reply = Result<ControlResponse, (Status, String)>;
@@ -52,6 +75,14 @@ fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
 
 fn chunk_key(volume_id: u64, index: u64) -> String {
     format!("chunk/{volume_id:016x}/{index:016x}")
+}
+
+fn lease_key(volume_id: u64) -> String {
+    format!("lease/{volume_id:016x}")
+}
+
+fn server_key(id: ServerId) -> String {
+    format!("server/{id:08}")
 }
 
 fn store_failed(e: floe_metadata::MetaError) -> (Status, String) {
@@ -68,9 +99,11 @@ impl Master {
             last_heartbeat: HashMap::new(),
             volumes: BTreeMap::new(),
             chunks: HashMap::new(),
+            leases: HashMap::new(),
             deleted_volumes: Vec::new(),
             last_server_id: 0,
             last_volume_id: 0,
+            last_lease: 0,
         };
         let scan = |prefix: &'static str| store.scan_prefix(prefix);
         for (key, value) in scan("server/").await.map_err(|e| e.to_string())? {
@@ -88,12 +121,29 @@ impl Master {
             let (Some(Ok(volume_id)), Some(Ok(index))) = (parts.next(), parts.next()) else {
                 return Err(format!("metadata key {key} is malformed"));
             };
-            let replicas = serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
+            let placement: ChunkPlacement =
+                serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
+            if placement.index != index {
+                return Err(format!(
+                    "metadata key {key} holds chunk {}",
+                    placement.index
+                ));
+            }
             state
                 .chunks
                 .entry(volume_id)
                 .or_default()
-                .insert(index, replicas);
+                .insert(index, placement);
+        }
+        // A lease alive when the master stopped may still be in use: it gets a whole
+        // term from now before anyone else can take the volume.
+        for (key, value) in scan("lease/").await.map_err(|e| e.to_string())? {
+            let Ok(volume_id) = u64::from_str_radix(&key["lease/".len()..], 16) else {
+                return Err(format!("metadata key {key} is malformed"));
+            };
+            let mut lease: Lease = serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
+            lease.expires = Some(Instant::now() + LEASE_TERM);
+            state.leases.insert(volume_id, lease);
         }
         for (key, _) in scan("deleted/").await.map_err(|e| e.to_string())? {
             if let Ok(id) = u64::from_str_radix(&key["deleted/".len()..], 16) {
@@ -105,16 +155,24 @@ impl Master {
             match key.as_str() {
                 "counter/server" => state.last_server_id = n,
                 "counter/volume" => state.last_volume_id = n,
+                "counter/lease" => state.last_lease = n,
                 _ => {}
             }
         }
         Ok(Master {
             store,
             state: Mutex::new(state),
+            peers: ConnectionPool::default(),
+            recovery: recovery::Progress::default(),
         })
     }
 
     async fn control(&self, request: ControlRequest) -> Reply {
+        if let ControlRequest::Scrub { name } = request {
+            return recovery::scrub(self, &name)
+                .await
+                .map(ControlResponse::Scrub);
+        }
         let mut state = self.state.lock().await;
         state.refresh_liveness();
         match request {
@@ -151,9 +209,10 @@ impl Master {
                     capacity_bytes,
                     used_bytes: 0,
                     up: true,
+                    lost: false,
                 };
                 ops.push(Op::Put {
-                    key: format!("server/{id:08}"),
+                    key: server_key(id),
                     value: json(&server),
                 });
                 self.store.apply(ops).await.map_err(store_failed)?;
@@ -174,6 +233,11 @@ impl Master {
                 state.last_heartbeat.insert(id, Instant::now());
                 Ok(ControlResponse::HeartbeatAck {
                     deleted_volumes: state.deleted_volumes.clone(),
+                    leases: state
+                        .leases
+                        .iter()
+                        .map(|(volume_id, lease)| (*volume_id, lease.generation))
+                        .collect(),
                 })
             }
             ControlRequest::CreateVolume(spec) => self.create_volume(&mut state, spec).await,
@@ -186,11 +250,7 @@ impl Master {
                     .chunks
                     .get(&volume.id)
                     .into_iter()
-                    .flatten()
-                    .map(|(index, replicas)| ChunkPlacement {
-                        index: *index,
-                        replicas: replicas.clone(),
-                    })
+                    .flat_map(|c| c.values().cloned())
                     .collect();
                 Ok(ControlResponse::VolumeMap(VolumeMap {
                     volume,
@@ -234,6 +294,9 @@ impl Master {
                         Op::DeletePrefix {
                             prefix: format!("chunk/{:016x}/", volume.id),
                         },
+                        Op::Delete {
+                            key: lease_key(volume.id),
+                        },
                         Op::Put {
                             key: format!("deleted/{:016x}", volume.id),
                             value: Vec::new(),
@@ -243,6 +306,7 @@ impl Master {
                     .map_err(store_failed)?;
                 state.volumes.remove(&name);
                 state.chunks.remove(&volume.id);
+                state.leases.remove(&volume.id);
                 state.deleted_volumes.push(volume.id);
                 tracing::info!(%name, "volume deleted");
                 Ok(ControlResponse::Done)
@@ -253,8 +317,185 @@ impl Master {
             ControlRequest::Status => Ok(ControlResponse::Status(ClusterStatus {
                 servers: state.servers.values().cloned().collect(),
                 volumes: state.volume_list(),
+                recovery: self.recovery.status(&state),
             })),
+            ControlRequest::AcquireLease { name, holder } => {
+                self.acquire_lease(&mut state, &name, holder).await
+            }
+            ControlRequest::RenewLease { name, generation } => {
+                let volume = state.volume(&name)?;
+                match state.leases.get_mut(&volume.id) {
+                    Some(lease) if lease.generation == generation => {
+                        lease.expires = Some(Instant::now() + LEASE_TERM);
+                        Ok(ControlResponse::Lease {
+                            generation,
+                            term_ms: LEASE_TERM.as_millis() as u64,
+                        })
+                    }
+                    other => Err((
+                        Status::Fenced,
+                        format!(
+                            "the lease of volume {name} (generation {generation}) was lost{}",
+                            other.map_or(String::new(), |l| format!(
+                                " to {} (generation {})",
+                                l.holder, l.generation
+                            ))
+                        ),
+                    )),
+                }
+            }
+            ControlRequest::ReleaseLease { name, generation } => {
+                let volume = state.volume(&name)?;
+                if let Some(lease) = state.leases.get_mut(&volume.id) {
+                    if lease.generation == generation {
+                        // The generation stays known (chunk servers keep fencing older
+                        // writers); only the term ends.
+                        lease.expires = None;
+                        tracing::info!(volume = %name, generation, "lease released");
+                    }
+                }
+                Ok(ControlResponse::Done)
+            }
+            ControlRequest::ReportLaggard {
+                volume_id,
+                index,
+                server,
+            } => {
+                let Some(mut placement) = state
+                    .chunks
+                    .get(&volume_id)
+                    .and_then(|c| c.get(&index))
+                    .cloned()
+                else {
+                    return Err((
+                        Status::NotFound,
+                        format!("chunk {volume_id}/{index} is not allocated"),
+                    ));
+                };
+                if placement.replicas.contains(&server) && !placement.stale.contains(&server) {
+                    placement.stale.push(server);
+                    tracing::warn!(
+                        volume_id,
+                        index,
+                        server,
+                        "replica reported lagging: marked stale"
+                    );
+                    self.put_placement(&mut state, volume_id, placement.clone())
+                        .await?;
+                }
+                Ok(ControlResponse::Chunk {
+                    servers: state.servers_of(&placement),
+                    placement,
+                })
+            }
+            ControlRequest::MarkLost { id } => {
+                let Some(mut server) = state.servers.get(&id).cloned() else {
+                    return Err((
+                        Status::NotFound,
+                        format!("chunk server {id} is not registered"),
+                    ));
+                };
+                if server.up {
+                    return Err((
+                        Status::BadRequest,
+                        format!("chunk server {id} is up (heartbeating); only a failed server can be marked lost"),
+                    ));
+                }
+                server.lost = true;
+                self.store
+                    .apply(vec![Op::Put {
+                        key: server_key(id),
+                        value: json(&server),
+                    }])
+                    .await
+                    .map_err(store_failed)?;
+                tracing::warn!(id, "chunk server marked lost by an operator");
+                state.servers.insert(id, server);
+                Ok(ControlResponse::Done)
+            }
+            ControlRequest::Scrub { .. } => unreachable!("handled above"),
+            ControlRequest::ChunkInfo { .. }
+            | ControlRequest::SetView { .. }
+            | ControlRequest::LogSince { .. }
+            | ControlRequest::Extents { .. }
+            | ControlRequest::Repair { .. }
+            | ControlRequest::Checksum { .. } => Err((
+                Status::BadRequest,
+                "this is the master; replica requests go to chunk servers".into(),
+            )),
         }
+    }
+
+    async fn acquire_lease(&self, state: &mut State, name: &str, holder: String) -> Reply {
+        let volume = state.volume(name)?;
+        let now = Instant::now();
+        if let Some(lease) = state.leases.get(&volume.id) {
+            // The same gateway process may take its own lease again: it reopened the
+            // volume after closing it, and the new generation fences the old stack.
+            let alive = lease.expires.and_then(|e| e.checked_duration_since(now));
+            if let Some(left) = alive.filter(|_| lease.holder != holder) {
+                return Err((
+                    Status::Busy,
+                    format!(
+                        "volume {name} is in use by {} (lease generation {}); it becomes free when that gateway closes it or {:.1} s after its last renewal",
+                        lease.holder,
+                        lease.generation,
+                        left.as_secs_f64()
+                    ),
+                ));
+            }
+        }
+        let generation = state.last_lease + 1;
+        if generation > u32::MAX as u64 {
+            return Err((Status::Io, "lease generations exhausted".into()));
+        }
+        let lease = Lease {
+            generation: generation as u32,
+            holder,
+            expires: Some(now + LEASE_TERM),
+        };
+        self.store
+            .apply(vec![
+                Op::Put {
+                    key: "counter/lease".into(),
+                    value: json(&generation),
+                },
+                Op::Put {
+                    key: lease_key(volume.id),
+                    value: json(&lease),
+                },
+            ])
+            .await
+            .map_err(store_failed)?;
+        state.last_lease = generation;
+        tracing::info!(volume = %name, generation, holder = %lease.holder, "lease granted");
+        state.leases.insert(volume.id, lease);
+        Ok(ControlResponse::Lease {
+            generation: generation as u32,
+            term_ms: LEASE_TERM.as_millis() as u64,
+        })
+    }
+
+    /// Stores a chunk's placement, then updates the in-memory copy.
+    pub(crate) async fn put_placement(
+        &self,
+        state: &mut State,
+        volume_id: u64,
+        placement: ChunkPlacement,
+    ) -> Result<(), (Status, String)> {
+        self.store
+            .apply(vec![Op::Put {
+                key: chunk_key(volume_id, placement.index),
+                value: json(&placement),
+            }])
+            .await
+            .map_err(store_failed)?;
+        state
+            .chunks
+            .entry(volume_id)
+            .or_default()
+            .insert(placement.index, placement);
+        Ok(())
     }
 
     async fn create_volume(&self, state: &mut State, spec: VolumeSpec) -> Reply {
@@ -323,42 +564,33 @@ impl Master {
             .get(&volume_id)
             .and_then(|c| c.get(&index))
             .cloned();
-        let replicas = match existing {
-            Some(replicas) => replicas,
+        let placement = match existing {
+            Some(placement) => placement,
             None => {
-                let live: Vec<ServerInfo> =
-                    state.servers.values().filter(|s| s.up).cloned().collect();
                 let chunk = ChunkId { volume_id, index };
-                let replicas = floe_placement::place(chunk, &live, volume.spec.replicas as usize)
-                    .map_err(|e| (Status::NoSpace, e.to_string()))?;
-                self.store
-                    .apply(vec![Op::Put {
-                        key: chunk_key(volume_id, index),
-                        value: json(&replicas),
-                    }])
-                    .await
-                    .map_err(store_failed)?;
-                state
-                    .chunks
-                    .entry(volume_id)
-                    .or_default()
-                    .insert(index, replicas.clone());
-                replicas
+                let replicas =
+                    floe_placement::place(chunk, &state.usable(), volume.spec.replicas as usize)
+                        .map_err(|e| (Status::NoSpace, e.to_string()))?;
+                let placement = ChunkPlacement {
+                    index,
+                    replicas,
+                    view: 0,
+                    stale: Vec::new(),
+                };
+                self.put_placement(state, volume_id, placement.clone())
+                    .await?;
+                placement
             }
         };
-        let servers = replicas
-            .iter()
-            .filter_map(|id| state.servers.get(id).cloned())
-            .collect();
         Ok(ControlResponse::Chunk {
-            placement: ChunkPlacement { index, replicas },
-            servers,
+            servers: state.servers_of(&placement),
+            placement,
         })
     }
 }
 
 impl State {
-    fn refresh_liveness(&mut self) {
+    pub(crate) fn refresh_liveness(&mut self) {
         let now = Instant::now();
         for server in self.servers.values_mut() {
             server.up = self
@@ -366,6 +598,23 @@ impl State {
                 .get(&server.id)
                 .is_some_and(|t| now.duration_since(*t) < HEARTBEAT_TIMEOUT);
         }
+    }
+
+    /// Servers new replicas may go to.
+    pub(crate) fn usable(&self) -> Vec<ServerInfo> {
+        self.servers
+            .values()
+            .filter(|s| s.up && !s.lost)
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn servers_of(&self, placement: &ChunkPlacement) -> Vec<ServerInfo> {
+        placement
+            .replicas
+            .iter()
+            .filter_map(|id| self.servers.get(id).cloned())
+            .collect()
     }
 
     fn live_hosts(&self) -> usize {
@@ -380,7 +629,7 @@ impl State {
         hosts.len()
     }
 
-    fn volume(&self, name: &str) -> Result<Volume, (Status, String)> {
+    pub(crate) fn volume(&self, name: &str) -> Result<Volume, (Status, String)> {
         let mut volume = self.volumes.get(name).cloned().ok_or_else(|| {
             (
                 Status::NotFound,
@@ -421,6 +670,7 @@ pub async fn run(listener: TcpListener, metadata: &str) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let master = Arc::new(Master::load(store).await?);
+    tokio::spawn(recovery::run(master.clone()));
     tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, %metadata, "master serving");
     server::serve(listener, master)
         .await

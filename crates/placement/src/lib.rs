@@ -83,6 +83,7 @@ mod tests {
             capacity_bytes: 1 << 30,
             used_bytes: 0,
             up: true,
+            lost: false,
         }
     }
 

@@ -27,6 +27,16 @@ pub enum Status {
     Io = 5,
     VersionMismatch = 6,
     Unavailable = 7,
+    /// The request's lease generation is older than one this server has seen: the
+    /// sender lost its volume lease to another gateway.
+    Fenced = 8,
+    /// The request's view of the chunk's replica set is not this replica's.
+    StaleView = 9,
+    /// This replica is missing earlier versions of the chunk (or holds a diverged
+    /// history) and must be repaired before it takes the change.
+    Behind = 10,
+    /// The volume is in use: another gateway holds its lease.
+    Busy = 11,
 }
 
 impl Status {
@@ -39,6 +49,10 @@ impl Status {
             4 => Status::NoSpace,
             6 => Status::VersionMismatch,
             7 => Status::Unavailable,
+            8 => Status::Fenced,
+            9 => Status::StaleView,
+            10 => Status::Behind,
+            11 => Status::Busy,
             _ => Status::Io,
         }
     }

@@ -23,4 +23,4 @@ pub use message::{ControlRequest, ControlResponse, Request, Response};
 pub use types::*;
 
 /// Bumped on any incompatible change of frames or messages.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;

@@ -27,19 +27,22 @@ pub enum Request {
     /// same write to the backups in `forward`; the reply means durable on all of them.
     Write {
         chunk: ChunkId,
+        stamp: Stamp,
         offset: u64,
         forward: Vec<String>,
         data: Bytes,
     },
-    /// Reads from this server's replica only.
+    /// Reads from this server's replica only, if it holds at least `min_version`.
     Read {
         chunk: ChunkId,
         offset: u64,
         length: u32,
+        min_version: u64,
     },
     /// Zeroes a range; `punch` frees the space. Forwarded like a write.
     Zero {
         chunk: ChunkId,
+        stamp: Stamp,
         offset: u64,
         length: u64,
         punch: bool,
@@ -98,6 +101,71 @@ pub enum ControlRequest {
         index: u64,
     },
     Status,
+    /// Takes the single-writer lease of a volume (refused with `Busy` while another
+    /// holder's lease is alive).
+    AcquireLease {
+        name: String,
+        holder: String,
+    },
+    RenewLease {
+        name: String,
+        generation: u32,
+    },
+    ReleaseLease {
+        name: String,
+        generation: u32,
+    },
+    /// A writer committed without `server` (it failed, lagged or timed out): the
+    /// master marks that replica stale and repairs it.
+    ReportLaggard {
+        volume_id: u64,
+        index: u64,
+        server: ServerId,
+    },
+    /// An operator declares a chunk server permanently failed.
+    MarkLost {
+        id: ServerId,
+    },
+    /// Compares every chunk's replicas and repairs differences.
+    Scrub {
+        name: String,
+    },
+
+    // Chunk-server requests, sent by the master, writers and repairing peers.
+    /// The replica's view and durable version.
+    ChunkInfo {
+        chunk: ChunkId,
+    },
+    /// Moves the replica to `view` (it then refuses changes stamped with an older
+    /// one) and reports its state once its queued changes are durable.
+    SetView {
+        chunk: ChunkId,
+        view: u64,
+    },
+    /// The ranges changed after `since`, from the journal lite; `NotFound` when it
+    /// does not reach back that far.
+    LogSince {
+        chunk: ChunkId,
+        since: u64,
+    },
+    /// The ranges holding data (everything else is a hole).
+    Extents {
+        chunk: ChunkId,
+    },
+    /// Brings this replica up to date from the replica at `source`: incrementally
+    /// when `source`'s journal lite reaches back far enough (and `full` is false),
+    /// else by copying the whole chunk, at most `bytes_per_second`.
+    Repair {
+        chunk: ChunkId,
+        source: String,
+        full: bool,
+        bytes_per_second: u64,
+    },
+    /// crc32c of the replica's first `length` bytes, with its version.
+    Checksum {
+        chunk: ChunkId,
+        length: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,6 +177,9 @@ pub enum ControlResponse {
     HeartbeatAck {
         /// Volumes deleted: the server drops their chunks.
         deleted_volumes: Vec<u64>,
+        /// (volume id, current lease generation): older writers are fenced off.
+        #[serde(default)]
+        leases: Vec<(u64, u32)>,
     },
     Volume(Volume),
     Volumes {
@@ -121,11 +192,41 @@ pub enum ControlResponse {
     },
     Status(ClusterStatus),
     Done,
+    Lease {
+        generation: u32,
+        term_ms: u64,
+    },
+    ChunkInfo {
+        view: u64,
+        version: u64,
+    },
+    /// Changed (or, for `Extents`, allocated) ranges as (offset, length), and the
+    /// version they bring the chunk to.
+    Ranges {
+        version: u64,
+        ranges: Vec<(u64, u64)>,
+    },
+    Repaired {
+        version: u64,
+        incremental: bool,
+        bytes: u64,
+    },
+    Checksum {
+        version: u64,
+        crc: u32,
+    },
+    Scrub(ScrubReport),
 }
 
 fn put_chunk(out: &mut BytesMut, chunk: ChunkId) {
     out.put_u64_le(chunk.volume_id);
     out.put_u64_le(chunk.index);
+}
+
+fn put_stamp(out: &mut BytesMut, stamp: &Stamp) {
+    out.put_u64_le(stamp.view);
+    out.put_u64_le(stamp.prev);
+    out.put_u64_le(stamp.version);
 }
 
 fn put_forward(out: &mut BytesMut, forward: &[String]) {
@@ -169,6 +270,13 @@ impl Fields {
             index: self.u64()?,
         })
     }
+    fn stamp(&mut self) -> Result<Stamp, FrameError> {
+        Ok(Stamp {
+            view: self.u64()?,
+            prev: self.u64()?,
+            version: self.u64()?,
+        })
+    }
     fn forward(&mut self) -> Result<Vec<String>, FrameError> {
         let count = self.u8()? as usize;
         if count > FORWARD_MAX {
@@ -206,11 +314,13 @@ impl Request {
             }
             Request::Write {
                 chunk,
+                stamp,
                 offset,
                 forward,
                 data: d,
             } => {
                 put_chunk(&mut f, *chunk);
+                put_stamp(&mut f, stamp);
                 f.put_u64_le(*offset);
                 put_forward(&mut f, forward);
                 data = d.clone();
@@ -220,20 +330,24 @@ impl Request {
                 chunk,
                 offset,
                 length,
+                min_version,
             } => {
                 put_chunk(&mut f, *chunk);
                 f.put_u64_le(*offset);
                 f.put_u32_le(*length);
+                f.put_u64_le(*min_version);
                 KIND_READ
             }
             Request::Zero {
                 chunk,
+                stamp,
                 offset,
                 length,
                 punch,
                 forward,
             } => {
                 put_chunk(&mut f, *chunk);
+                put_stamp(&mut f, stamp);
                 f.put_u64_le(*offset);
                 f.put_u64_le(*length);
                 f.put_u8(*punch as u8);
@@ -264,11 +378,13 @@ impl Request {
             KIND_HELLO => Request::Hello { version: r.u32()? },
             KIND_WRITE => {
                 let chunk = r.chunk()?;
+                let stamp = r.stamp()?;
                 let offset = r.u64()?;
                 let forward = r.forward()?;
                 let data = std::mem::take(&mut r.buf);
                 Request::Write {
                     chunk,
+                    stamp,
                     offset,
                     forward,
                     data,
@@ -278,9 +394,11 @@ impl Request {
                 chunk: r.chunk()?,
                 offset: r.u64()?,
                 length: r.u32()?,
+                min_version: r.u64()?,
             },
             KIND_ZERO => Request::Zero {
                 chunk: r.chunk()?,
+                stamp: r.stamp()?,
                 offset: r.u64()?,
                 length: r.u64()?,
                 punch: r.u8()? != 0,
@@ -385,8 +503,14 @@ mod tests {
             index: 77,
         };
         roundtrip(Request::Hello { version: 1 });
+        let stamp = Stamp {
+            view: 2,
+            prev: 1 << 32 | 7,
+            version: 1 << 32 | 8,
+        };
         roundtrip(Request::Write {
             chunk,
+            stamp,
             offset: 4096,
             forward: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
             data: Bytes::from(vec![5u8; 4096]),
@@ -395,9 +519,11 @@ mod tests {
             chunk,
             offset: 1,
             length: 2,
+            min_version: 3,
         });
         roundtrip(Request::Zero {
             chunk,
+            stamp,
             offset: 0,
             length: 1 << 20,
             punch: true,
@@ -417,6 +543,7 @@ mod tests {
             },
             offset: 3,
             length: 4,
+            min_version: 5,
         }
         .encode(1);
         for cut in 0..frame.fields.len() {

@@ -52,6 +52,37 @@ pub struct ServerInfo {
     /// Filled in by the master from heartbeats; not stored.
     #[serde(default)]
     pub up: bool,
+    /// Declared permanently failed by an operator (`floe chunkserver mark-lost`): its
+    /// replicas no longer count towards a chunk's majority.
+    #[serde(default)]
+    pub lost: bool,
+}
+
+/// Where a change sits in its chunk's history (URSA section 4.2.1). The writer, the
+/// single lease holder of the volume, numbers each chunk's changes: `version` applies
+/// on top of `prev`. The high 32 bits of a version are the lease generation that wrote
+/// it, so a new writer's history always sorts after an old one's, and two writers can
+/// never produce the same version with different contents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Stamp {
+    /// The chunk's replica-set view the writer believes in.
+    pub view: u64,
+    pub prev: u64,
+    pub version: u64,
+}
+
+/// The lease generation that wrote `version`.
+pub fn generation_of(version: u64) -> u32 {
+    (version >> 32) as u32
+}
+
+/// The version a writer of `generation` gives the change after `prev`.
+pub fn next_version(prev: u64, generation: u32) -> u64 {
+    if generation_of(prev) < generation {
+        (generation as u64) << 32 | 1
+    } else {
+        prev + 1
+    }
 }
 
 /// What a user asks for when creating a volume.
@@ -146,6 +177,13 @@ pub struct Volume {
 pub struct ChunkPlacement {
     pub index: u64,
     pub replicas: Vec<ServerId>,
+    /// Bumped by the master at each change of the replica set (URSA's view number).
+    #[serde(default)]
+    pub view: u64,
+    /// Replicas known to have missed writes: not written to or read from until the
+    /// master has repaired them and bumped the view.
+    #[serde(default)]
+    pub stale: Vec<ServerId>,
 }
 
 /// Everything a gateway needs to serve a volume.
@@ -160,6 +198,42 @@ pub struct VolumeMap {
 pub struct ClusterStatus {
     pub servers: Vec<ServerInfo>,
     pub volumes: Vec<Volume>,
+    #[serde(default)]
+    pub recovery: RecoveryStatus,
+}
+
+/// Redundancy and the master's repair work, for `floe status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryStatus {
+    /// Allocated chunks with fewer good replicas than asked for.
+    pub degraded_chunks: u64,
+    /// Degraded chunks that cannot be repaired until an operator acts: fewer than a
+    /// majority of their replicas are reachable (see `floe chunkserver mark-lost`).
+    pub waiting_for_operator: u64,
+    pub in_progress: u64,
+    pub repaired_chunks: u64,
+    pub incremental_repairs: u64,
+    pub full_copies: u64,
+    pub bytes_copied: u64,
+    /// Copy rate over the last few seconds.
+    pub bytes_per_second: u64,
+    /// Estimate of the time to full redundancy, when there is work left.
+    pub eta_seconds: Option<u64>,
+    /// Last failure, if the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// What `floe scrub` found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubReport {
+    pub chunks: u64,
+    /// Chunks whose replicas could not be compared (unreachable, or never settled on
+    /// one version while writes were running).
+    pub skipped: u64,
+    /// Chunks whose replicas differed at equal versions (or in version) before repair.
+    pub differences: u64,
+    pub repaired: u64,
+    pub details: Vec<String>,
 }
 
 #[cfg(test)]

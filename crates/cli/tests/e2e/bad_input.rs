@@ -12,6 +12,8 @@ use std::time::Duration;
 // Floe frames, spelled out here rather than taken from floe-protocol.
 const MAGIC: u32 = 0x464c_4f45;
 const HEADER: usize = 24;
+/// The wire protocol version this suite speaks (floe_protocol::PROTOCOL_VERSION).
+const PROTOCOL: u32 = 2;
 const KIND_HELLO: u16 = 1;
 const KIND_READ: u16 = 3;
 const STATUS_OK: u16 = 0;
@@ -69,6 +71,7 @@ fn read_payload() -> Vec<u8> {
     p.extend_from_slice(&0u64.to_le_bytes());
     p.extend_from_slice(&0u64.to_le_bytes());
     p.extend_from_slice(&4096u32.to_le_bytes());
+    p.extend_from_slice(&0u64.to_le_bytes()); // min_version
     p
 }
 
@@ -129,10 +132,10 @@ impl Raw {
     }
 
     fn greet(&mut self) {
-        self.send(&hello(1, 1));
+        self.send(&hello(1, PROTOCOL));
         let reply = self.frame();
         assert_eq!((reply.status, reply.request_id), (STATUS_OK, 1));
-        assert_eq!(reply.payload, 1u32.to_le_bytes(), "protocol version");
+        assert_eq!(reply.payload, PROTOCOL.to_le_bytes(), "protocol version");
     }
 }
 
@@ -183,7 +186,7 @@ fn attack_chunkserver(port: u16) {
     raw.assert_closed("truncated frame");
     // Truncated inside the header too.
     let mut raw = Raw::connect(port);
-    raw.send(&hello(1, 1)[..11]);
+    raw.send(&hello(1, PROTOCOL)[..11]);
     drop(raw);
 
     // A wrong crc: answered with an error, and the connection stays usable.
@@ -207,7 +210,7 @@ fn attack_chunkserver(port: u16) {
     raw.send(&frame(999, 5, b"?"));
     let reply = raw.frame();
     assert_eq!((reply.status, reply.request_id), (STATUS_BAD_REQUEST, 5));
-    raw.send(&hello(6, 1));
+    raw.send(&hello(6, PROTOCOL));
     let reply = raw.frame();
     assert_eq!((reply.status, reply.request_id), (STATUS_OK, 6));
 
@@ -611,6 +614,7 @@ fn chunkserver_refuses_reads_larger_than_a_frame() {
         payload.extend_from_slice(&field.to_le_bytes());
     }
     payload.extend_from_slice(&(64u32 << 20).to_le_bytes());
+    payload.extend_from_slice(&0u64.to_le_bytes());
     raw.send(&frame(KIND_READ, 2, &payload));
     let reply = raw.frame();
     assert!(

@@ -1,0 +1,279 @@
+//! Repair: brings this replica of a chunk up to date by pulling from a peer replica
+//! (URSA section 4.2.1). Incremental when the peer's journal lite reaches back to
+//! this replica's version: only the ranges changed since are copied. Otherwise the
+//! whole chunk is copied, then the changes made during the copy are pulled
+//! incrementally on top.
+//!
+//! While a repair runs the replica refuses changes. The data it writes carries the
+//! replica's old version (or 0 once a whole copy has started), and the new version
+//! is stamped only at the end, so a crash part-way leaves a replica that claims no
+//! more than it holds and is simply repaired again.
+
+use crate::{ChunkServer, Slot};
+use bytes::Bytes;
+use floe_chunkstore::store::CHUNK_BYTES_MAX;
+use floe_chunkstore::ChunkMeta;
+use floe_protocol::connection::CallError;
+use floe_protocol::{ChunkId, ControlRequest, ControlResponse, Request, Response, Status};
+use std::time::{Duration, Instant};
+
+/// Bytes per read from the source.
+const PIECE_BYTES: u64 = 1 << 20;
+const REPAIRING: &str = "being repaired";
+/// How long a repair waits for changes already accepted to become durable.
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
+
+type Failure = (Status, String);
+
+fn failed(e: CallError) -> Failure {
+    let status = match &e {
+        CallError::Remote { status, .. } => *status,
+        _ => Status::Unavailable,
+    };
+    (status, format!("repair source: {e}"))
+}
+
+/// Paces the copy to a byte rate (0: unlimited).
+struct Throttle {
+    bytes_per_second: u64,
+    start: Instant,
+    bytes: u64,
+}
+
+impl Throttle {
+    async fn account(&mut self, bytes: u64) {
+        self.bytes += bytes;
+        if self.bytes_per_second == 0 {
+            return;
+        }
+        let due = Duration::from_secs_f64(self.bytes as f64 / self.bytes_per_second as f64);
+        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+struct Pull<'a> {
+    server: &'a ChunkServer,
+    chunk: ChunkId,
+    source: &'a str,
+    throttle: Throttle,
+}
+
+impl Pull<'_> {
+    async fn ask(&self, request: ControlRequest) -> Result<ControlResponse, CallError> {
+        match self
+            .server
+            .peers
+            .call(self.source, Request::Control(request))
+            .await?
+        {
+            Response::Control(reply) => Ok(reply),
+            other => Err(CallError::BadReply {
+                address: self.source.to_string(),
+                reason: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// The source's ranges for `request` (LogSince or Extents) and their version.
+    async fn ranges(&self, request: ControlRequest) -> Result<(u64, Vec<(u64, u64)>), CallError> {
+        match self.ask(request).await? {
+            ControlResponse::Ranges { version, ranges } => Ok((version, ranges)),
+            other => Err(CallError::BadReply {
+                address: self.source.to_string(),
+                reason: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Copies `ranges` from the source into the local replica, stamped `meta`.
+    async fn copy(&mut self, ranges: &[(u64, u64)], meta: ChunkMeta) -> Result<u64, Failure> {
+        let mut copied = 0;
+        for &(offset, length) in ranges {
+            let end = offset
+                .checked_add(length)
+                .filter(|end| *end <= CHUNK_BYTES_MAX)
+                .ok_or((
+                    Status::BadRequest,
+                    format!("source sent range {offset}+{length}"),
+                ))?;
+            let mut at = offset;
+            while at < end {
+                let n = (end - at).min(PIECE_BYTES);
+                let read = Request::Read {
+                    chunk: self.chunk,
+                    offset: at,
+                    length: n as u32,
+                    min_version: 0,
+                };
+                let data: Bytes = match self.server.peers.call(self.source, read).await {
+                    Ok(Response::Data(data)) if data.len() as u64 == n => data,
+                    Ok(other) => return Err((Status::Io, format!("source answered {other:?}"))),
+                    Err(e) => return Err(failed(e)),
+                };
+                self.server
+                    .store
+                    .write(self.chunk, at, data, meta)
+                    .await
+                    .map_err(|e| (Status::Io, e.to_string()))?;
+                at += n;
+                copied += n;
+                self.throttle.account(n).await;
+            }
+        }
+        Ok(copied)
+    }
+
+    async fn stamp(&self, meta: ChunkMeta) -> Result<(), Failure> {
+        self.server
+            .store
+            .set_meta(self.chunk, meta)
+            .await
+            .map_err(|e| (Status::Io, e.to_string()))
+    }
+
+    /// Returns (version reached, incremental, bytes copied).
+    async fn run(
+        &mut self,
+        view: u64,
+        since: u64,
+        full: bool,
+    ) -> Result<(u64, bool, u64), Failure> {
+        if !full {
+            match self
+                .ranges(ControlRequest::LogSince {
+                    chunk: self.chunk,
+                    since,
+                })
+                .await
+            {
+                Ok((version, ranges)) => {
+                    let bytes = self
+                        .copy(
+                            &ranges,
+                            ChunkMeta {
+                                view,
+                                version: since,
+                            },
+                        )
+                        .await?;
+                    self.stamp(ChunkMeta { view, version }).await?;
+                    return Ok((version, true, bytes));
+                }
+                Err(CallError::Remote {
+                    status: Status::NotFound,
+                    ..
+                }) => {}
+                Err(e) => return Err(failed(e)),
+            }
+        }
+        let empty = ChunkMeta { view, version: 0 };
+        self.server
+            .store
+            .zero(self.chunk, 0, CHUNK_BYTES_MAX, true, empty)
+            .await
+            .map_err(|e| (Status::Io, e.to_string()))?;
+        let (start, extents) = self
+            .ranges(ControlRequest::Extents { chunk: self.chunk })
+            .await
+            .map_err(failed)?;
+        let mut bytes = self.copy(&extents, empty).await?;
+        // Changes the source took during the copy; the copy may hold some of them
+        // already, and copying their ranges again makes it exact.
+        let (version, ranges) = self
+            .ranges(ControlRequest::LogSince {
+                chunk: self.chunk,
+                since: start,
+            })
+            .await
+            .map_err(failed)?;
+        bytes += self.copy(&ranges, empty).await?;
+        self.stamp(ChunkMeta { view, version }).await?;
+        Ok((version, false, bytes))
+    }
+}
+
+pub(crate) async fn repair(
+    server: &ChunkServer,
+    slot: &Slot,
+    chunk: ChunkId,
+    source: &str,
+    full: bool,
+    bytes_per_second: u64,
+) -> Result<ControlResponse, Failure> {
+    {
+        let mut replica = slot.replica.lock().unwrap();
+        if replica.frozen == Some(REPAIRING) {
+            return Err((
+                Status::Unavailable,
+                "a repair of this chunk is already running".into(),
+            ));
+        }
+        replica.frozen = Some(REPAIRING);
+        replica.log.clear();
+    }
+    slot.changed.notify_waiters();
+    let settled = tokio::time::timeout(SETTLE_WAIT, async {
+        loop {
+            let changed = slot.changed.notified();
+            {
+                let replica = slot.replica.lock().unwrap();
+                if replica.durable >= replica.submitted {
+                    return;
+                }
+            }
+            changed.await;
+        }
+    })
+    .await;
+    let (view, since) = {
+        let replica = slot.replica.lock().unwrap();
+        (replica.view, replica.durable)
+    };
+    if settled.is_err() {
+        tracing::warn!(
+            ?chunk,
+            "changes still in flight at repair; repairing from {since:#x}"
+        );
+    }
+    let mut pull = Pull {
+        server,
+        chunk,
+        source,
+        throttle: Throttle {
+            bytes_per_second,
+            start: Instant::now(),
+            bytes: 0,
+        },
+    };
+    let result = pull.run(view, since, full).await;
+    let mut replica = slot.replica.lock().unwrap();
+    replica.frozen = None;
+    // What the store now holds: the new version, or on failure the old one (or 0
+    // once a whole copy started); what was copied so far is harmless either way.
+    let version = server.store.meta(chunk).version;
+    replica.submitted = version;
+    replica.durable = version;
+    drop(replica);
+    slot.changed.notify_waiters();
+    match result {
+        Ok((version, incremental, bytes)) => {
+            slot.changed.notify_waiters();
+            tracing::info!(
+                ?chunk,
+                source,
+                version,
+                incremental,
+                bytes,
+                "replica repaired"
+            );
+            Ok(ControlResponse::Repaired {
+                version,
+                incremental,
+                bytes,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,603 @@
+//! Failure handling: view changes that bring chunks back to full redundancy (URSA
+//! section 4.2.2), and scrub.
+//!
+//! Every second the master looks for degraded chunks: a replica on a chunk server that
+//! stopped heartbeating (or was marked lost), or a replica a writer reported lagging.
+//! For each, at most [`CONCURRENCY`] at a time:
+//! 1. a replacement is chosen for each failed replica (another host, same device class
+//!    preferred), and every target (replacements, laggards) pulls from the most
+//!    recent good replica while writes continue: incremental when the source's
+//!    journal lite reaches back, a whole copy otherwise, at most [`BYTES_PER_SECOND`];
+//! 2. the replicas are moved to view + 1 (they then refuse the writer's changes until
+//!    it refreshes its map) and report their versions; with a majority answering, the
+//!    highest version is the chunk's state;
+//! 3. every replica of the new set below it catches up incrementally (little is left
+//!    after step 1), and the new replica set and view are stored. The writer then
+//!    resends what was refused, and replicas skip what they already hold.
+//!
+//! When fewer than a majority of a chunk's replicas answer, the highest version seen
+//! might miss acknowledged writes, so the chunk waits for an operator to declare
+//! failed servers lost (`floe chunkserver mark-lost`); lost replicas then no longer
+//! count towards the majority.
+
+use crate::{Master, State};
+use floe_protocol::connection::CallError;
+use floe_protocol::{
+    ChunkId, ChunkPlacement, ControlRequest, ControlResponse, RecoveryStatus, Request, Response,
+    ScrubReport, ServerId, ServerInfo, Status,
+};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Chunks repaired at once.
+pub const CONCURRENCY: usize = 2;
+/// Copy rate of one chunk repair: bounds what recovery takes from client I/O.
+pub const BYTES_PER_SECOND: u64 = 200 << 20;
+const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+/// Window over which the copy rate is reported.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+
+type Failure = (Status, String);
+
+#[derive(Default)]
+pub(crate) struct Progress {
+    counters: std::sync::Mutex<Counters>,
+}
+
+#[derive(Default)]
+struct Counters {
+    in_progress: HashSet<(u64, u64)>,
+    repaired: u64,
+    incremental: u64,
+    full: u64,
+    bytes: u64,
+    /// (when, bytes) of finished copies, for the rate.
+    recent: VecDeque<(Instant, u64)>,
+    busy_seconds: f64,
+    last_error: Option<String>,
+}
+
+enum Health {
+    Healthy,
+    Degraded,
+    NeedsOperator,
+}
+
+fn health(state: &State, placement: &ChunkPlacement) -> Health {
+    let server = |id: &ServerId| state.servers.get(id);
+    let lost = placement
+        .replicas
+        .iter()
+        .filter(|id| server(id).is_none_or(|s| s.lost))
+        .count();
+    let up = |id: &ServerId| server(id).is_some_and(|s| s.up && !s.lost);
+    if placement.stale.is_empty() && placement.replicas.iter().all(up) {
+        return Health::Healthy;
+    }
+    let voters = placement.replicas.iter().filter(|id| up(id)).count();
+    if voters < majority(placement.replicas.len() - lost) {
+        Health::NeedsOperator
+    } else {
+        Health::Degraded
+    }
+}
+
+fn majority(n: usize) -> usize {
+    n / 2 + 1
+}
+
+impl Progress {
+    pub(crate) fn status(&self, state: &State) -> RecoveryStatus {
+        let mut status = RecoveryStatus::default();
+        for placement in state.chunks.values().flat_map(|c| c.values()) {
+            match health(state, placement) {
+                Health::Healthy => {}
+                Health::Degraded => status.degraded_chunks += 1,
+                Health::NeedsOperator => {
+                    status.degraded_chunks += 1;
+                    status.waiting_for_operator += 1;
+                }
+            }
+        }
+        let c = self.counters.lock().unwrap();
+        status.in_progress = c.in_progress.len() as u64;
+        status.repaired_chunks = c.repaired;
+        status.incremental_repairs = c.incremental;
+        status.full_copies = c.full;
+        status.bytes_copied = c.bytes;
+        let now = Instant::now();
+        let window: u64 = c
+            .recent
+            .iter()
+            .filter(|(t, _)| now.duration_since(*t) < RATE_WINDOW)
+            .map(|(_, b)| b)
+            .sum();
+        status.bytes_per_second = window / RATE_WINDOW.as_secs();
+        let repairable = status.degraded_chunks - status.waiting_for_operator;
+        if repairable > 0 && c.repaired > 0 {
+            let per_chunk = c.busy_seconds / c.repaired as f64;
+            status.eta_seconds =
+                Some((per_chunk * repairable as f64 / CONCURRENCY as f64).ceil() as u64);
+        }
+        status.last_error = c.last_error.clone();
+        status
+    }
+}
+
+/// Scans for degraded chunks and repairs them, forever.
+pub async fn run(master: Arc<Master>) {
+    let mut tick = tokio::time::interval(SCAN_INTERVAL);
+    loop {
+        tick.tick().await;
+        let jobs: Vec<(u64, u64)> = {
+            let mut state = master.state.lock().await;
+            state.refresh_liveness();
+            let counters = master.recovery.counters.lock().unwrap();
+            let free = CONCURRENCY.saturating_sub(counters.in_progress.len());
+            state
+                .chunks
+                .iter()
+                .flat_map(|(volume_id, chunks)| chunks.values().map(move |p| (*volume_id, p)))
+                .filter(|(volume_id, p)| {
+                    matches!(health(&state, p), Health::Degraded)
+                        && !counters.in_progress.contains(&(*volume_id, p.index))
+                })
+                .map(|(volume_id, p)| (volume_id, p.index))
+                .take(free)
+                .collect()
+        };
+        for job in jobs {
+            master
+                .recovery
+                .counters
+                .lock()
+                .unwrap()
+                .in_progress
+                .insert(job);
+            let master = master.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let result = recover(&master, job.0, job.1).await;
+                let mut c = master.recovery.counters.lock().unwrap();
+                c.in_progress.remove(&job);
+                match result {
+                    Ok(copied) => {
+                        c.repaired += 1;
+                        c.busy_seconds += started.elapsed().as_secs_f64();
+                        c.incremental += copied.incremental;
+                        c.full += copied.full;
+                        c.bytes += copied.bytes;
+                        c.recent.push_back((Instant::now(), copied.bytes));
+                        while c.recent.len() > 1024 {
+                            c.recent.pop_front();
+                        }
+                        c.last_error = None;
+                    }
+                    Err((_, message)) => {
+                        let message = format!("chunk {}/{}: {message}", job.0, job.1);
+                        tracing::warn!("recovery: {message}");
+                        c.last_error = Some(message);
+                    }
+                }
+            });
+        }
+    }
+}
+
+#[derive(Default)]
+struct Copied {
+    incremental: u64,
+    full: u64,
+    bytes: u64,
+}
+
+impl Master {
+    async fn ask(
+        &self,
+        address: &str,
+        request: ControlRequest,
+    ) -> Result<ControlResponse, CallError> {
+        match self.peers.call(address, Request::Control(request)).await? {
+            Response::Control(reply) => Ok(reply),
+            other => Err(CallError::BadReply {
+                address: address.to_string(),
+                reason: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// (view, version) of the replica on `server`.
+    async fn replica_state(
+        &self,
+        server: &ServerInfo,
+        request: ControlRequest,
+    ) -> Result<(u64, u64), CallError> {
+        match self.ask(&server.address, request).await? {
+            ControlResponse::ChunkInfo { view, version } => Ok((view, version)),
+            other => Err(CallError::BadReply {
+                address: server.address.clone(),
+                reason: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Has `target` pull the chunk from `source`.
+    async fn repair_from(
+        &self,
+        chunk: ChunkId,
+        target: &ServerInfo,
+        source: &ServerInfo,
+        full: bool,
+        copied: &mut Copied,
+    ) -> Result<u64, Failure> {
+        let request = ControlRequest::Repair {
+            chunk,
+            source: source.address.clone(),
+            full,
+            bytes_per_second: BYTES_PER_SECOND,
+        };
+        match self.ask(&target.address, request).await {
+            Ok(ControlResponse::Repaired {
+                version,
+                incremental,
+                bytes,
+            }) => {
+                if incremental {
+                    copied.incremental += 1;
+                } else {
+                    copied.full += 1;
+                }
+                copied.bytes += bytes;
+                Ok(version)
+            }
+            Ok(other) => Err((
+                Status::Io,
+                format!("server {} answered {other:?}", target.id),
+            )),
+            Err(e) => Err((
+                Status::Unavailable,
+                format!("repair on server {}: {e}", target.id),
+            )),
+        }
+    }
+}
+
+/// Picks a server for a new replica of `chunk`: up, not already holding it, on a host
+/// none of `keep` is on, of `class` if one is available.
+fn replacement(
+    state: &State,
+    chunk: ChunkId,
+    keep: &[ServerId],
+    class: floe_protocol::DeviceClass,
+) -> Option<ServerId> {
+    let hosts: HashSet<&str> = keep
+        .iter()
+        .filter_map(|id| state.servers.get(id))
+        .map(|s| s.host.as_str())
+        .collect();
+    let candidates: Vec<ServerInfo> = state
+        .usable()
+        .into_iter()
+        .filter(|s| !keep.contains(&s.id) && !hosts.contains(s.host.as_str()))
+        .collect();
+    let same_class: Vec<ServerInfo> = candidates
+        .iter()
+        .filter(|s| s.class == class)
+        .cloned()
+        .collect();
+    let pool = if same_class.is_empty() {
+        candidates
+    } else {
+        same_class
+    };
+    floe_placement::place(chunk, &pool, 1)
+        .ok()?
+        .first()
+        .copied()
+}
+
+/// One view change for one chunk (see the module comment).
+async fn recover(master: &Master, volume_id: u64, index: u64) -> Result<Copied, Failure> {
+    let chunk = ChunkId { volume_id, index };
+    let (placement, servers, new_set) = {
+        let state = master.state.lock().await;
+        let placement = state
+            .chunks
+            .get(&volume_id)
+            .and_then(|c| c.get(&index))
+            .cloned()
+            .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
+        let mut new_set = placement.replicas.clone();
+        for (i, id) in placement.replicas.iter().enumerate() {
+            let Some(server) = state.servers.get(id) else {
+                continue;
+            };
+            if server.up && !server.lost {
+                continue;
+            }
+            let keep: Vec<ServerId> = new_set
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, id)| *id)
+                .collect();
+            match replacement(&state, chunk, &keep, server.class) {
+                Some(new) => new_set[i] = new,
+                None => {
+                    return Err((
+                        Status::NoSpace,
+                        format!("no live chunk server on another host can replace server {id}"),
+                    ))
+                }
+            }
+        }
+        let servers: HashMap<ServerId, ServerInfo> = state
+            .servers
+            .iter()
+            .map(|(id, s)| (*id, s.clone()))
+            .collect();
+        (placement, servers, new_set)
+    };
+    let up = |id: &ServerId| servers.get(id).is_some_and(|s| s.up && !s.lost);
+    let lost = placement
+        .replicas
+        .iter()
+        .filter(|id| servers.get(id).is_none_or(|s| s.lost))
+        .count();
+    let quorum = majority(placement.replicas.len() - lost);
+    let voters: Vec<&ServerInfo> = placement
+        .replicas
+        .iter()
+        .filter(|id| up(id))
+        .map(|id| &servers[id])
+        .collect();
+    let targets: Vec<&ServerInfo> = new_set
+        .iter()
+        .filter(|id| !placement.replicas.contains(id) || placement.stale.contains(id))
+        .filter(|id| up(id))
+        .map(|id| &servers[id])
+        .collect();
+    let mut copied = Copied::default();
+
+    // 1. Copy while writes go on, from the most recent good replica.
+    let infos = futures::future::join_all(
+        voters
+            .iter()
+            .map(|s| master.replica_state(s, ControlRequest::ChunkInfo { chunk })),
+    )
+    .await;
+    let source = voters
+        .iter()
+        .zip(&infos)
+        .filter(|(s, _)| !placement.stale.contains(&s.id))
+        .filter_map(|(s, info)| info.as_ref().ok().map(|(_, version)| (*version, *s)))
+        .max_by_key(|(version, _)| *version)
+        .map(|(_, s)| s)
+        .ok_or((Status::Unavailable, "no good replica answered".to_string()))?;
+    for target in &targets {
+        master
+            .repair_from(chunk, target, source, false, &mut copied)
+            .await?;
+    }
+
+    // 2. Freeze in view + 1 and find the chunk's state from a majority.
+    let seen_view = infos
+        .iter()
+        .flatten()
+        .map(|(view, _)| *view)
+        .max()
+        .unwrap_or(0);
+    let view = placement.view.max(seen_view) + 1;
+    let mut members: Vec<&ServerInfo> = voters.clone();
+    members.extend(
+        targets
+            .iter()
+            .filter(|t| !placement.replicas.contains(&t.id)),
+    );
+    let frozen = futures::future::join_all(
+        members
+            .iter()
+            .map(|s| master.replica_state(s, ControlRequest::SetView { chunk, view })),
+    )
+    .await;
+    let answered: Vec<(&ServerInfo, u64)> = members
+        .iter()
+        .zip(&frozen)
+        .filter_map(|(s, r)| r.as_ref().ok().map(|(_, version)| (*s, *version)))
+        .collect();
+    let voters_answered = answered
+        .iter()
+        .filter(|(s, _)| placement.replicas.contains(&s.id))
+        .count();
+    if voters_answered < quorum {
+        return Err((
+            Status::Unavailable,
+            format!("only {voters_answered} replicas answered in view {view}; {quorum} needed"),
+        ));
+    }
+    let (source, top) = answered
+        .iter()
+        .filter(|(s, _)| placement.replicas.contains(&s.id))
+        .max_by_key(|(_, version)| *version)
+        .map(|(s, v)| (*s, *v))
+        .expect("a quorum answered");
+
+    // 3. Everyone in the new set catches up to the highest version.
+    for (server, version) in &answered {
+        if *version < top && new_set.contains(&server.id) {
+            let reached = master
+                .repair_from(chunk, server, source, false, &mut copied)
+                .await?;
+            if reached != top {
+                return Err((
+                    Status::Io,
+                    format!("server {} reached {reached:#x}, not {top:#x}", server.id),
+                ));
+            }
+        }
+    }
+    let behind: Vec<ServerId> = new_set
+        .iter()
+        .filter(|id| !answered.iter().any(|(s, _)| s.id == **id))
+        .copied()
+        .collect();
+    if !behind.is_empty() {
+        return Err((
+            Status::Unavailable,
+            format!("servers {behind:?} of the new replica set did not answer"),
+        ));
+    }
+
+    // 4. Store the new replica set and view.
+    let mut state = master.state.lock().await;
+    let current = state
+        .chunks
+        .get(&volume_id)
+        .and_then(|c| c.get(&index))
+        .cloned()
+        .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
+    if current.replicas != placement.replicas {
+        return Err((Status::Unavailable, "placement changed meanwhile".into()));
+    }
+    let replaced: Vec<(ServerId, ServerId)> = placement
+        .replicas
+        .iter()
+        .zip(&new_set)
+        .filter(|(a, b)| a != b)
+        .map(|(a, b)| (*a, *b))
+        .collect();
+    master
+        .put_placement(
+            &mut state,
+            volume_id,
+            ChunkPlacement {
+                index,
+                replicas: new_set,
+                view,
+                stale: Vec::new(),
+            },
+        )
+        .await?;
+    tracing::info!(
+        volume_id,
+        index,
+        view,
+        version = top,
+        ?replaced,
+        "chunk back to full redundancy"
+    );
+    Ok(copied)
+}
+
+/// Compares every chunk's replicas by checksum at equal versions and repairs the
+/// ones that differ from the majority (the primary breaks ties).
+pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Failure> {
+    const SETTLE_ATTEMPTS: u32 = 20;
+    let (volume, placements, servers) = {
+        let mut state = master.state.lock().await;
+        state.refresh_liveness();
+        let volume = state.volume(name)?;
+        let placements: Vec<ChunkPlacement> = state
+            .chunks
+            .get(&volume.id)
+            .into_iter()
+            .flat_map(|c| c.values().cloned())
+            .collect();
+        let servers: HashMap<ServerId, ServerInfo> = state
+            .servers
+            .iter()
+            .map(|(id, s)| (*id, s.clone()))
+            .collect();
+        (volume, placements, servers)
+    };
+    let mut report = ScrubReport::default();
+    for placement in placements {
+        report.chunks += 1;
+        let chunk = ChunkId {
+            volume_id: volume.id,
+            index: placement.index,
+        };
+        let members: Vec<&ServerInfo> = placement
+            .replicas
+            .iter()
+            .filter_map(|id| servers.get(id))
+            .collect();
+        if !placement.stale.is_empty() || members.iter().any(|s| !s.up || s.lost) {
+            report.skipped += 1;
+            report.details.push(format!(
+                "chunk {}: degraded, recovery pending",
+                placement.index
+            ));
+            continue;
+        }
+        let checksum = ControlRequest::Checksum {
+            chunk,
+            length: volume.spec.chunk_bytes,
+        };
+        let mut sums = Vec::new();
+        for _ in 0..SETTLE_ATTEMPTS {
+            let replies = futures::future::join_all(
+                members
+                    .iter()
+                    .map(|s| master.ask(&s.address, checksum.clone())),
+            )
+            .await;
+            sums = replies
+                .into_iter()
+                .filter_map(|r| match r {
+                    Ok(ControlResponse::Checksum { version, crc }) => Some((version, crc)),
+                    _ => None,
+                })
+                .collect();
+            if sums.len() == members.len() && sums.iter().all(|s| s.0 == sums[0].0) {
+                break;
+            }
+            sums.clear();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if sums.is_empty() {
+            report.skipped += 1;
+            report.details.push(format!(
+                "chunk {}: replicas unreachable or never at one version",
+                placement.index
+            ));
+            continue;
+        }
+        if sums.iter().all(|s| s.1 == sums[0].1) {
+            continue;
+        }
+        report.differences += 1;
+        let votes = |crc: u32| sums.iter().filter(|s| s.1 == crc).count();
+        let authority = (0..sums.len())
+            .max_by_key(|i| (votes(sums[*i].1), usize::MAX - i))
+            .expect("replicas answered");
+        let good = sums[authority].1;
+        let mut copied = Copied::default();
+        let mut fixed = true;
+        for (i, (_, crc)) in sums.iter().enumerate() {
+            if *crc == good {
+                continue;
+            }
+            let detail = format!(
+                "chunk {}: server {} differs at version {:#x} (crc {crc:08x}, majority {good:08x})",
+                placement.index, members[i].id, sums[i].0
+            );
+            tracing::warn!("scrub: {detail}");
+            report.details.push(detail);
+            let repaired = master
+                .repair_from(chunk, members[i], members[authority], true, &mut copied)
+                .await
+                .is_ok()
+                && matches!(
+                    master.ask(&members[i].address, checksum.clone()).await,
+                    Ok(ControlResponse::Checksum { crc, .. }) if crc == good
+                );
+            fixed &= repaired;
+        }
+        if fixed {
+            report.repaired += 1;
+        }
+    }
+    Ok(report)
+}
