@@ -29,9 +29,12 @@ const COUNT: u64 = 4;
 const CHUNK: u64 = 64 << 20;
 const VOLUME_ID: u64 = 1;
 const CHUNK_SERVERS: usize = 6;
-/// A killed replica makes the gateway retry for about 2 s before EIO; past this the
-/// writer is hung, and is killed too.
+/// After a kill the writer goes on (writes commit on the surviving majority) for a
+/// random time, then is told to stop. Where no majority survives its writes wait for
+/// one; past this it is hung, and is killed too.
 const WRITER_EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the cluster may take back to full redundancy after a restart.
+const REDUNDANCY_TIMEOUT: Duration = Duration::from_secs(240);
 const FIRST_ACK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Mirror of `Content` in crash_client.py: magic, round, block, then a key-dependent
@@ -198,6 +201,13 @@ impl Writer {
         Writer { child: Some(child) }
     }
 
+    /// Asks the writer to stop issuing and drain.
+    fn stop(&mut self) {
+        let child = self.child.as_ref().expect("writer not finished");
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    }
+
     fn running(&mut self) -> bool {
         let child = self.child.as_mut().expect("writer not finished");
         matches!(child.try_wait(), Ok(None))
@@ -346,8 +356,66 @@ impl DiskReport {
 }
 
 /// The replica files of `chunk`, by chunk server.
-fn replicas(data: &Path, chunk: u64) -> Vec<(usize, File)> {
-    (0..CHUNK_SERVERS)
+/// Polls `floe status` until no chunk is degraded; how long that took.
+fn wait_for_redundancy(cluster: &Cluster) -> Duration {
+    let started = Instant::now();
+    loop {
+        let status = cluster.floe(&["status"]);
+        if status.contains("every chunk has all its replicas") {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < REDUNDANCY_TIMEOUT,
+            "not back to full redundancy after {REDUNDANCY_TIMEOUT:?}:\n{status}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Chunk index -> the chunk servers (by demo index) the master lists for it.
+fn placement(cluster: &Cluster) -> HashMap<u64, Vec<usize>> {
+    // Server id -> demo index, from the addresses: cs-n listens on port + 1 + n.
+    let status = cluster.floe(&["status"]);
+    let mut index_of = HashMap::new();
+    for line in status.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if let [id, _host, address, ..] = fields[..] {
+            let port = address
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse::<u16>().ok());
+            if let (Ok(id), Some(port)) = (id.parse::<u32>(), port) {
+                index_of.insert(id, (port - cluster.port - 1) as usize);
+            }
+        }
+    }
+    let info = cluster.floe(&["volume", "info", "demo"]);
+    let mut out = HashMap::new();
+    for line in info.lines() {
+        let Some(rest) = line.trim().strip_prefix("chunk ") else {
+            continue;
+        };
+        let Some((Ok(index), rest)) = rest
+            .split_once(':')
+            .map(|(index, rest)| (index.trim().parse::<u64>(), rest))
+        else {
+            continue; // "chunk size: ..."
+        };
+        let servers = rest.split_whitespace().nth(1).expect("servers field");
+        let holders = servers
+            .split(',')
+            .map(|id| index_of[&id.parse::<u32>().expect("a server id, none stale")])
+            .collect();
+        out.insert(index, holders);
+    }
+    out
+}
+
+/// The replica files of `chunk` on the servers the master lists for it.
+fn replicas(data: &Path, chunk: u64, servers: &[usize]) -> Vec<(usize, File)> {
+    servers
+        .iter()
+        .copied()
         .filter_map(|n| {
             let path = data
                 .join(format!("cs-{n}"))
@@ -381,6 +449,7 @@ fn verify_disk(
     rounds: u32,
     content: &Content,
     read_back: &HashSet<u64>,
+    placement: &HashMap<u64, Vec<usize>>,
 ) -> DiskReport {
     let mut report = DiskReport::default();
     let mut files: HashMap<u64, Vec<(usize, File)>> = HashMap::new();
@@ -396,7 +465,13 @@ fn verify_disk(
             .chain(unacked.map(|b| (*b, false)));
         for (block, is_acked) in blocks {
             let (chunk, offset) = locate(block * BLOCK);
-            let holders = files.entry(chunk).or_insert_with(|| replicas(data, chunk));
+            let holders = files.entry(chunk).or_insert_with(|| {
+                replicas(
+                    data,
+                    chunk,
+                    placement.get(&chunk).map_or(&[], Vec::as_slice),
+                )
+            });
             let want = content.block(round, block);
             if is_acked {
                 if placement_checked.insert(chunk) {
@@ -491,6 +566,8 @@ fn kill_9_loses_no_acknowledged_write() {
             kill9(pid);
             kills += 1;
         }
+        std::thread::sleep(Duration::from_millis(rng.gen_range(500..=2000)));
+        writer.stop();
         let writer_end = writer.finish(WRITER_EXIT_TIMEOUT);
         let (acked, issued) = read_ledger(&ledger);
         eprintln!(
@@ -521,10 +598,22 @@ fn kill_9_loses_no_acknowledged_write() {
             "round {round}: through NBD: {report:?}\n{}",
             report.bad.join("\n")
         );
-        // Stopped, every chunk file holds what was applied: compare the replicas.
+        // Back to full redundancy, the replicas agree by checksum...
+        let waited = wait_for_redundancy(&cluster);
+        let scrub = cluster.floe(&["scrub", "demo"]);
+        assert!(scrub.contains(" 0 differences"), "round {round}: {scrub}");
+        let placement = placement(&cluster);
+        // ...and, stopped, every chunk file holds what was applied: compare them.
         cluster.stop();
         let read_back: HashSet<u64> = report.unacked_present_blocks.iter().copied().collect();
-        let report_disk = verify_disk(dir.path(), work.path(), round + 1, &content, &read_back);
+        let report_disk = verify_disk(
+            dir.path(),
+            work.path(),
+            round + 1,
+            &content,
+            &read_back,
+            &placement,
+        );
         assert!(
             report_disk.lost == 0 && report_disk.torn == 0,
             "round {round}: on disk: {report_disk:?}\n{}",
@@ -536,7 +625,8 @@ fn kill_9_loses_no_acknowledged_write() {
             "disk check saw every ledger"
         );
         eprintln!(
-            "crash: round {round}: checked {} acknowledged blocks through NBD and {} \
+            "crash: round {round}: full redundancy {waited:.1?} after restart, scrub clean; \
+             checked {} acknowledged blocks through NBD and {} \
              replica copies on disk, {} unacknowledged ({} read back, {} on some replicas \
              only, {} of them read as zeroes but held by a backup, none torn); {:.1?} so far",
             report.acked,

@@ -6,8 +6,8 @@
 # write:  4 KiB writes, up to DEPTH in flight, each to a block never written before,
 #         with content derived from (seed, round, block). Every block goes to the
 #         ledger as "I <block>" before it is issued and as "A <block>" only once
-#         libnbd reports the write succeeded. Stops issuing at the first error,
-#         drains what is in flight, prints a JSON summary.
+#         libnbd reports the write succeeded. Stops issuing at the first error or
+#         on SIGTERM, drains what is in flight, prints a JSON summary.
 # verify: reads every block of the ledgers of rounds 0..ROUNDS-1; an acknowledged
 #         block must hold exactly its content, an issued but unacknowledged one its
 #         content or zeroes (never a mix). Prints a JSON summary.
@@ -15,6 +15,7 @@
 # The content function is mirrored by `Content` in crash.rs (the on-disk check).
 
 import json
+import signal
 import os
 import random
 import struct
@@ -83,11 +84,17 @@ def write_mode(env, content):
         ledger.write(f"{kind} {block}\n")
         ledger.flush()  # in the kernel before anything else happens: survives kill -9
 
+    # SIGTERM: stop issuing, wait for what is in flight, exit.
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+
     in_flight = {}  # cookie -> (block, buffer kept alive until completion)
     issued = acked = 0
     error = None
     while True:
-        while error is None and issued < len(mine) and len(in_flight) < DEPTH:
+        while (
+            error is None and not stopping and issued < len(mine) and len(in_flight) < DEPTH
+        ):
             block = mine[issued]
             issued += 1
             buf = nbd.Buffer.from_bytearray(content.block(rnd, block))
