@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 /// Bytes per read from the source.
 const PIECE_BYTES: u64 = 1 << 20;
+/// Changed ranges closer than this are copied as one.
+const GAP_BYTES: u64 = 128 << 10;
 const REPAIRING: &str = "being repaired";
 /// How long a repair waits for changes already accepted to become durable.
 const SETTLE_WAIT: Duration = Duration::from_secs(5);
@@ -87,10 +89,21 @@ impl Pull<'_> {
         }
     }
 
-    /// Copies `ranges` from the source into the local replica, stamped `meta`.
+    /// Copies `ranges` from the source into the local replica, stamped `meta`. Ranges
+    /// with small gaps between them are copied as one: fewer, larger reads, and the
+    /// source's data in a gap is as new as anything the replica holds there.
     async fn copy(&mut self, ranges: &[(u64, u64)], meta: ChunkMeta) -> Result<u64, Failure> {
         let mut copied = 0;
+        let mut spans: Vec<(u64, u64)> = Vec::new();
         for &(offset, length) in ranges {
+            match spans.last_mut() {
+                Some((o, l)) if offset >= *o && offset <= *o + *l + GAP_BYTES => {
+                    *l = (*l).max(offset.saturating_add(length) - *o)
+                }
+                _ => spans.push((offset, length)),
+            }
+        }
+        for (offset, length) in spans {
             let end = offset
                 .checked_add(length)
                 .filter(|end| *end <= CHUNK_BYTES_MAX)

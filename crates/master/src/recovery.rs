@@ -35,6 +35,9 @@ pub const CONCURRENCY: usize = 2;
 /// Copy rate of one chunk repair: bounds what recovery takes from client I/O.
 pub const BYTES_PER_SECOND: u64 = 200 << 20;
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+/// Bounds on one request to a chunk server; a repair copies up to a whole chunk.
+const ASK_TIMEOUT: Duration = Duration::from_secs(10);
+const REPAIR_TIMEOUT: Duration = Duration::from_secs(120);
 /// Window over which the copy rate is reported.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 
@@ -193,12 +196,22 @@ struct Copied {
 }
 
 impl Master {
+    /// One request to a chunk server, bounded in time: a server cut off by the
+    /// network never answers, and its connection may take minutes to fail.
     async fn ask(
         &self,
         address: &str,
         request: ControlRequest,
     ) -> Result<ControlResponse, CallError> {
-        match self.peers.call(address, Request::Control(request)).await? {
+        let limit = match request {
+            ControlRequest::Repair { .. } => REPAIR_TIMEOUT,
+            _ => ASK_TIMEOUT,
+        };
+        let call = self.peers.call(address, Request::Control(request));
+        let reply = tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| CallError::Closed(format!("{address} (no answer within {limit:?})")))?;
+        match reply? {
             Response::Control(reply) => Ok(reply),
             other => Err(CallError::BadReply {
                 address: address.to_string(),

@@ -2,6 +2,7 @@
 //! picked by the test) and helpers to run the real NBD clients against it.
 
 use serde::Deserialize;
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -115,6 +116,71 @@ impl Cluster {
     pub fn start_again(&mut self) {
         assert!(self.demo.is_none(), "cluster still running");
         *self = Cluster::start_on(&self.dir, self.port, self.metadata.clone());
+    }
+
+    /// Polls `floe status` until no chunk is degraded; how long that took.
+    pub fn wait_for_redundancy(&self, timeout: Duration) -> Duration {
+        self.wait_for_status("every chunk has all its replicas", timeout)
+    }
+
+    /// Polls `floe status` until its output contains `text`; how long that took.
+    pub fn wait_for_status(&self, text: &str, timeout: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            let status = self.floe(&["status"]);
+            if status.contains(text) {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "no {text:?} in `floe status` after {timeout:?}:\n{status}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Chunk index -> the chunk servers (by demo index) the master lists for it.
+    pub fn placement(&self) -> HashMap<u64, Vec<usize>> {
+        // Server id -> demo index, from the addresses: cs-n listens on port + 1 + n.
+        let status = self.floe(&["status"]);
+        let mut index_of = HashMap::new();
+        for line in status.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if let [id, _host, address, ..] = fields[..] {
+                let port = address
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse::<u16>().ok());
+                if let (Ok(id), Some(port)) = (id.parse::<u32>(), port) {
+                    index_of.insert(id, (port - self.port - 1) as usize);
+                }
+            }
+        }
+        let info = self.floe(&["volume", "info", "demo"]);
+        let mut out = HashMap::new();
+        for line in info.lines() {
+            let Some(rest) = line.trim().strip_prefix("chunk ") else {
+                continue;
+            };
+            let Some((Ok(index), rest)) = rest
+                .split_once(':')
+                .map(|(index, rest)| (index.trim().parse::<u64>(), rest))
+            else {
+                continue; // "chunk size: ..."
+            };
+            let servers = rest.split_whitespace().nth(1).expect("servers field");
+            let holders = servers
+                .split(',')
+                .map(|id| {
+                    index_of[&id
+                        .trim_end_matches("(stale)")
+                        .parse::<u32>()
+                        .expect("a server id")]
+                })
+                .collect();
+            out.insert(index, holders);
+        }
+        out
     }
 
     /// Runs `floe ARGS` against this cluster's master; returns stdout.

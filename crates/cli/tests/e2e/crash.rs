@@ -356,61 +356,6 @@ impl DiskReport {
 }
 
 /// The replica files of `chunk`, by chunk server.
-/// Polls `floe status` until no chunk is degraded; how long that took.
-fn wait_for_redundancy(cluster: &Cluster) -> Duration {
-    let started = Instant::now();
-    loop {
-        let status = cluster.floe(&["status"]);
-        if status.contains("every chunk has all its replicas") {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < REDUNDANCY_TIMEOUT,
-            "not back to full redundancy after {REDUNDANCY_TIMEOUT:?}:\n{status}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// Chunk index -> the chunk servers (by demo index) the master lists for it.
-fn placement(cluster: &Cluster) -> HashMap<u64, Vec<usize>> {
-    // Server id -> demo index, from the addresses: cs-n listens on port + 1 + n.
-    let status = cluster.floe(&["status"]);
-    let mut index_of = HashMap::new();
-    for line in status.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if let [id, _host, address, ..] = fields[..] {
-            let port = address
-                .rsplit(':')
-                .next()
-                .and_then(|p| p.parse::<u16>().ok());
-            if let (Ok(id), Some(port)) = (id.parse::<u32>(), port) {
-                index_of.insert(id, (port - cluster.port - 1) as usize);
-            }
-        }
-    }
-    let info = cluster.floe(&["volume", "info", "demo"]);
-    let mut out = HashMap::new();
-    for line in info.lines() {
-        let Some(rest) = line.trim().strip_prefix("chunk ") else {
-            continue;
-        };
-        let Some((Ok(index), rest)) = rest
-            .split_once(':')
-            .map(|(index, rest)| (index.trim().parse::<u64>(), rest))
-        else {
-            continue; // "chunk size: ..."
-        };
-        let servers = rest.split_whitespace().nth(1).expect("servers field");
-        let holders = servers
-            .split(',')
-            .map(|id| index_of[&id.parse::<u32>().expect("a server id, none stale")])
-            .collect();
-        out.insert(index, holders);
-    }
-    out
-}
-
 /// The replica files of `chunk` on the servers the master lists for it.
 fn replicas(data: &Path, chunk: u64, servers: &[usize]) -> Vec<(usize, File)> {
     servers
@@ -599,10 +544,10 @@ fn kill_9_loses_no_acknowledged_write() {
             report.bad.join("\n")
         );
         // Back to full redundancy, the replicas agree by checksum...
-        let waited = wait_for_redundancy(&cluster);
+        let waited = cluster.wait_for_redundancy(REDUNDANCY_TIMEOUT);
         let scrub = cluster.floe(&["scrub", "demo"]);
         assert!(scrub.contains(" 0 differences"), "round {round}: {scrub}");
-        let placement = placement(&cluster);
+        let placement = cluster.placement();
         // ...and, stopped, every chunk file holds what was applied: compare them.
         cluster.stop();
         let read_back: HashSet<u64> = report.unacked_present_blocks.iter().copied().collect();

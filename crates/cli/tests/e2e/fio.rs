@@ -43,7 +43,7 @@ fn fio(uri: &str, job: &Job, work: &Path, verify_only: bool) -> Output {
 }
 
 /// Exit status 0, every job reporting `err= 0`, and no verify complaint.
-fn assert_clean(out: &Output, what: &str) {
+pub fn assert_clean(out: &Output, what: &str) {
     let all = text(out);
     let errors: Vec<&str> = all
         .lines()

@@ -7,5 +7,6 @@ mod cluster;
 mod crash;
 mod etcd;
 mod ext4;
+mod failover;
 mod fio;
 mod io_helpers;
