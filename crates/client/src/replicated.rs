@@ -99,28 +99,22 @@ enum Outcome {
     Lagging(CallError),
 }
 
-fn outcome(
-    result: Result<Result<Response, CallError>, tokio::time::error::Elapsed>,
-    address: &str,
-) -> Outcome {
+fn outcome(result: Result<Response, CallError>, address: &str) -> Outcome {
     match result {
-        Ok(Ok(Response::Done)) => Outcome::Done,
-        Ok(Ok(other)) => Outcome::Lagging(CallError::BadReply {
+        Ok(Response::Done) => Outcome::Done,
+        Ok(other) => Outcome::Lagging(CallError::BadReply {
             address: address.to_string(),
             reason: format!("{other:?}"),
         }),
-        Ok(Err(CallError::Remote {
+        Err(CallError::Remote {
             status: Status::Fenced,
             message,
-        })) => Outcome::Fenced(message),
-        Ok(Err(CallError::Remote {
+        }) => Outcome::Fenced(message),
+        Err(CallError::Remote {
             status: Status::StaleView,
             ..
-        })) => Outcome::StaleView,
-        Ok(Err(e)) => Outcome::Lagging(e),
-        Err(_) => Outcome::Lagging(CallError::Closed(format!(
-            "{address} (no answer within {REPLICA_TIMEOUT:?})"
-        ))),
+        }) => Outcome::StaleView,
+        Err(e) => Outcome::Lagging(e),
     }
 }
 
@@ -293,25 +287,24 @@ impl ReplicatedChunks {
             let chunk = self.chunk_id(index);
             let infos = futures::future::join_all(good.iter().map(|(_, address)| {
                 let request = Request::Control(ControlRequest::ChunkInfo { chunk });
-                tokio::time::timeout(REPLICA_TIMEOUT, self.pool.call(address, request))
+                self.pool.call_within(address, request, REPLICA_TIMEOUT)
             }))
             .await;
             let mut versions = Vec::new();
             let mut failures = Vec::new();
             for ((id, address), info) in good.iter().zip(infos) {
                 match info {
-                    Ok(Ok(Response::Control(ControlResponse::ChunkInfo { version, .. }))) => {
+                    Ok(Response::Control(ControlResponse::ChunkInfo { version, .. })) => {
                         versions.push((*id, version))
                     }
-                    Ok(Err(e)) => failures.push((*id, e)),
-                    Ok(Ok(other)) => failures.push((
+                    Err(e) => failures.push((*id, e)),
+                    Ok(other) => failures.push((
                         *id,
                         CallError::BadReply {
                             address: address.clone(),
                             reason: format!("{other:?}"),
                         },
                     )),
-                    Err(_) => failures.push((*id, CallError::Closed(address.clone()))),
                 }
             }
             if versions.len() >= majority {
@@ -386,11 +379,10 @@ impl ReplicatedChunks {
             if bytes > CLIENT_DIRECTED_BYTES_MAX && good.len() > 1 {
                 let forward = good[1..].iter().map(|(_, a)| a.clone()).collect();
                 let primary = &good[0].1;
-                let reply = tokio::time::timeout(
-                    REPLICA_TIMEOUT,
-                    self.pool.call(primary, make(stamp, forward)),
-                )
-                .await;
+                let reply = self
+                    .pool
+                    .call_within(primary, make(stamp, forward), REPLICA_TIMEOUT)
+                    .await;
                 if let Outcome::Done = outcome(reply, primary) {
                     outcomes = good.iter().map(|(id, _)| (*id, Outcome::Done)).collect();
                 }
@@ -398,7 +390,8 @@ impl ReplicatedChunks {
             if outcomes.is_empty() {
                 let request = make(stamp, Vec::new());
                 let replies = futures::future::join_all(good.iter().map(|(_, address)| {
-                    tokio::time::timeout(REPLICA_TIMEOUT, self.pool.call(address, request.clone()))
+                    self.pool
+                        .call_within(address, request.clone(), REPLICA_TIMEOUT)
                 }))
                 .await;
                 outcomes = good
@@ -469,28 +462,22 @@ impl ChunkIo for ReplicatedChunks {
                     length,
                     min_version,
                 };
-                let reply =
-                    tokio::time::timeout(REPLICA_TIMEOUT, self.pool.call(address, request)).await;
+                let reply = self
+                    .pool
+                    .call_within(address, request, REPLICA_TIMEOUT)
+                    .await;
                 match reply {
-                    Ok(Ok(Response::Data(data))) if data.len() == length as usize => {
-                        return Ok(data)
-                    }
-                    Ok(Ok(other)) => {
+                    Ok(Response::Data(data)) if data.len() == length as usize => return Ok(data),
+                    Ok(other) => {
                         last_error = Some(IoError::Io(format!(
                             "{address} answered a read with {other:?}"
                         )))
                     }
-                    Ok(Err(e)) => {
+                    Err(e) => {
                         if is_transport(&e) {
                             self.suspects.lock().unwrap().insert(*id, Instant::now());
                         }
                         last_error = Some(io_error(e));
-                    }
-                    Err(_) => {
-                        self.suspects.lock().unwrap().insert(*id, Instant::now());
-                        last_error = Some(IoError::Io(format!(
-                            "{address} did not answer a read within {REPLICA_TIMEOUT:?}"
-                        )));
                     }
                 }
             }

@@ -207,11 +207,11 @@ impl Master {
             ControlRequest::Repair { .. } => REPAIR_TIMEOUT,
             _ => ASK_TIMEOUT,
         };
-        let call = self.peers.call(address, Request::Control(request));
-        let reply = tokio::time::timeout(limit, call)
-            .await
-            .map_err(|_| CallError::Closed(format!("{address} (no answer within {limit:?})")))?;
-        match reply? {
+        match self
+            .peers
+            .call_within(address, Request::Control(request), limit)
+            .await?
+        {
             Response::Control(reply) => Ok(reply),
             other => Err(CallError::BadReply {
                 address: address.to_string(),

@@ -226,4 +226,25 @@ impl ConnectionPool {
             other => other,
         }
     }
+
+    /// A call that fails as `Closed` when no answer comes within `limit`. The
+    /// connection is then dropped from the pool: a peer cut off by the network never
+    /// answers on it, and TCP may take many minutes to declare it dead, so the next
+    /// call starts afresh.
+    pub async fn call_within(
+        &self,
+        address: &str,
+        request: Request,
+        limit: std::time::Duration,
+    ) -> Result<Response, CallError> {
+        match tokio::time::timeout(limit, self.call(address, request)).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                self.connections.lock().unwrap().remove(address);
+                Err(CallError::Closed(format!(
+                    "{address} (no answer within {limit:?})"
+                )))
+            }
+        }
+    }
 }

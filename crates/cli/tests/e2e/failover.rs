@@ -76,7 +76,7 @@ fn fio_survives_kill_of_backup_then_primary() {
     let cluster = Cluster::start(dir.path());
     let uri = cluster.uri().to_string();
     assert_clean(
-        &output(&mut fio(&uri, work.path(), FILL).arg("--do_verify=0")),
+        &output(fio(&uri, work.path(), FILL).arg("--do_verify=0")),
         "fill",
     );
 
@@ -121,13 +121,11 @@ fn fio_survives_kill_of_backup_then_primary() {
     let scrub = cluster.floe(&["scrub", "demo"]);
     assert!(scrub.contains(" 0 differences"), "{scrub}");
     assert_clean(
-        &output(
-            &mut fio(&uri, work.path(), RANDOM).args(["--verify_only", "--verify_state_load=1"]),
-        ),
+        &output(fio(&uri, work.path(), RANDOM).args(["--verify_only", "--verify_state_load=1"])),
         "verify of the random writes",
     );
     assert_clean(
-        &output(&mut fio(&uri, work.path(), FILL).arg("--verify_only")),
+        &output(fio(&uri, work.path(), FILL).arg("--verify_only")),
         "verify of the fill",
     );
 

@@ -8,5 +8,6 @@ mod crash;
 mod etcd;
 mod ext4;
 mod failover;
+mod fencing;
 mod fio;
 mod io_helpers;
