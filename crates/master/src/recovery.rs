@@ -380,6 +380,16 @@ async fn recover(master: &Master, volume_id: u64, index: u64) -> Result<Copied, 
             .map(|s| master.replica_state(s, ControlRequest::ChunkInfo { chunk })),
     )
     .await;
+    if let Some((target, _)) = voters
+        .iter()
+        .zip(&infos)
+        .find(|(s, info)| info.is_err() && targets.iter().any(|t| t.id == s.id))
+    {
+        return Err((
+            Status::Unavailable,
+            format!("server {} to repair does not answer", target.id),
+        ));
+    }
     let source = voters
         .iter()
         .zip(&infos)

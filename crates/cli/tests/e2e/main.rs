@@ -11,3 +11,4 @@ mod failover;
 mod fencing;
 mod fio;
 mod io_helpers;
+mod netcut;
