@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Floe needs, only those missing.
 #   build:  protobuf-compiler (etcd-client generates its gRPC code at build time)
-#   test:   the real NBD clients and tools the end-to-end tests drive, and etcd
+#   test:   the real NBD clients and tools the end-to-end tests drive, etcd, and
+#           ceph-base for crushtool (placement is checked bit-exact against it)
 set -euo pipefail
 want=(protobuf-compiler)
 if [ "${1:-}" = "--test" ]; then
-  want+=(fio qemu-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux)
+  want+=(fio qemu-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux ceph-base)
 fi
 missing=()
 for p in "${want[@]}"; do
