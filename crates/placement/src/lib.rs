@@ -2,6 +2,9 @@
 //!
 //! - [`place`]: what the master uses today (below).
 //! - [`crush`]: Ceph's CRUSH, bit-exact with `crushtool`, with its text map syntax.
+//! - [`mapx`]: MAPX's time layers on top of CRUSH: expansion without migration, and
+//!   remap, shrink and merge for the migration that is wanted.
+//! - [`simulate`]: the MAPX paper's experiments (PGs moved by expansions and merges).
 //!
 //! Everything goes through [`place`], the one function a later issue replaces with
 //! CRUSH straw2 + MAPX layers. Today it is weighted rendezvous hashing (the same idea
@@ -10,6 +13,8 @@
 //! with two rules: replicas on distinct hosts, and an `ssd` primary when one exists.
 
 pub mod crush;
+pub mod mapx;
+pub mod simulate;
 
 use floe_protocol::{ChunkId, DeviceClass, ServerId, ServerInfo};
 
