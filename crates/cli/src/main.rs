@@ -2,6 +2,7 @@
 
 mod admin;
 mod demo;
+mod placement;
 mod size;
 
 use clap::{Parser, Subcommand};
@@ -80,6 +81,9 @@ enum Command {
     Volume(VolumeCommand),
     /// Show hosts, chunk servers, capacity and volumes.
     Status,
+    /// Offline placement tools: crushtool-compatible mapping, MAPX simulations.
+    #[command(subcommand)]
+    Placement(placement::PlacementCommand),
 }
 
 #[derive(Subcommand)]
@@ -246,6 +250,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             VolumeCommand::Delete { name } => admin::delete(&master, &name).await,
         },
         Command::Status => admin::status(&master).await,
+        Command::Placement(command) => placement::run(command),
     }
 }
 

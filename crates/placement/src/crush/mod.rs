@@ -176,6 +176,10 @@ impl CrushMap {
             .map(|b| b.id)
     }
 
+    pub fn rule_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.rules.keys().copied()
+    }
+
     pub fn rule(&self, id: u32) -> Option<&Rule> {
         self.rules.get(&id)
     }
