@@ -47,14 +47,6 @@ struct Layer {
     node: i32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Pg {
-    /// The layer the PG was created in; fixes which chunks map to it.
-    static_layer: LayerId,
-    /// The layer whose timestamp places the PG now.
-    dynamic_layer: LayerId,
-}
-
 /// Layers sharing a timestamp: selected and mapped as one.
 #[derive(Debug, Clone)]
 struct Group {
@@ -80,7 +72,9 @@ pub struct Mapx {
     replicas: usize,
     tunables: Tunables,
     layers: Vec<Layer>,
-    pgs: Vec<Pg>,
+    /// Each PG's dynamic timestamp, as the layer whose timestamp it is (one byte, as
+    /// in the paper). The static one is the layer whose PG id range holds the PG.
+    pgs: Vec<LayerId>,
     /// Physical bucket (level, name) -> stable physical index.
     physical: BTreeMap<(usize, String), u32>,
     /// (physical bucket, layer) -> virtual id; assigned once, never reused.
@@ -192,10 +186,7 @@ impl Mapx {
             removed: false,
             node,
         });
-        self.pgs.extend((0..pg_num).map(|_| Pg {
-            static_layer: id,
-            dynamic_layer: id,
-        }));
+        self.pgs.extend((0..pg_num).map(|_| id));
         self.rebuild()?;
         Ok(id)
     }
@@ -224,11 +215,7 @@ impl Mapx {
     pub fn layer_at(&self, timestamp: u64) -> Option<LayerId> {
         (0..self.layers.len())
             .rev()
-            .find(|&i| {
-                self.layers[i].init_pg_num > 0
-                    && self.layers[i].timestamp <= timestamp
-                    && !self.layers[i].removed
-            })
+            .find(|&i| self.layers[i].timestamp <= timestamp && !self.layers[i].removed)
             .map(|i| i as LayerId)
     }
 
@@ -247,13 +234,13 @@ impl Mapx {
 
     /// The layer whose timestamp places `pg` now.
     pub fn pg_layer(&self, pg: u32) -> LayerId {
-        self.pgs[pg as usize].dynamic_layer
+        self.pgs[pg as usize]
     }
 
     /// Devices of `pg`, primary first. `reweights` are CRUSH reweights per device id
     /// (0 = out).
     pub fn map_pg(&self, pg: u32, reweights: &[u32]) -> Vec<i32> {
-        let timestamp = self.layers[self.pgs[pg as usize].dynamic_layer as usize].timestamp;
+        let timestamp = self.layers[self.pgs[pg as usize] as usize].timestamp;
         let params = Params::new(&self.map);
         let mut mapper = Mapper::new(&self.map, pg as i32, reweights);
         let leaf = self.failure_domain_type != 0;
@@ -325,7 +312,7 @@ impl Mapx {
             .pgs
             .get_mut(pg as usize)
             .ok_or_else(|| CrushError::new(format!("no PG {pg}")))?;
-        slot.dynamic_layer = layer;
+        *slot = layer;
         Ok(())
     }
 
@@ -340,7 +327,9 @@ impl Mapx {
             .enumerate()
             .any(|(i, l)| i != layer as usize && !l.removed && l.timestamp == timestamp)
         {
-            return Err(CrushError::new(format!("layer {layer} is merged with another; shrink the merged layers together is not supported")));
+            return Err(CrushError::new(format!(
+                "layer {layer} is merged with another: shrinking merged layers is not supported"
+            )));
         }
         let targets: Vec<(LayerId, u64)> = self
             .groups
@@ -366,7 +355,7 @@ impl Mapx {
                 .max_by(|a, b| behind(*a).total_cmp(&behind(*b)))
                 .expect("targets exist");
             assigned[pick] += 1;
-            self.pgs[pg as usize].dynamic_layer = targets[pick].0;
+            self.pgs[pg as usize] = targets[pick].0;
         }
         self.layers[layer as usize].removed = true;
         self.rebuild()?;

@@ -247,6 +247,9 @@ mod tests {
         let merge = merge(0.01).unwrap();
         assert_eq!(merge.other_moved, 0, "{merge:?}");
         assert!(merge.merged_moved * 2 > merge.merged_pgs, "{merge:?}");
-        assert!(merge.crush_expansions.iter().all(|(_, moved)| *moved > 0), "{merge:?}");
+        assert!(
+            merge.crush_expansions.iter().all(|(_, moved)| *moved > 0),
+            "{merge:?}"
+        );
     }
 }
