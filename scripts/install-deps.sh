@@ -2,11 +2,12 @@
 # Installs the Debian packages Floe needs, only those missing.
 #   build:  protobuf-compiler (etcd-client generates its gRPC code at build time)
 #   test:   the real NBD clients and tools the end-to-end tests drive, etcd, and
-#           nftables (network cuts)
+#           nftables (network cuts), ceph-base for crushtool (placement is checked
+#           bit-exact against it)
 set -euo pipefail
 want=(protobuf-compiler)
 if [ "${1:-}" = "--test" ]; then
-  want+=(fio qemu-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux nftables)
+  want+=(fio qemu-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux nftables ceph-base)
 fi
 missing=()
 for p in "${want[@]}"; do

@@ -2,6 +2,7 @@
 
 mod admin;
 mod demo;
+mod placement;
 mod size;
 
 use clap::{Parser, Subcommand};
@@ -79,6 +80,9 @@ enum Command {
     Status,
     /// Compare the replicas of every chunk of a volume and repair differences.
     Scrub { name: String },
+    /// Offline placement tools: crushtool-compatible mapping, MAPX simulations.
+    #[command(subcommand)]
+    Placement(placement::PlacementCommand),
 }
 
 #[derive(clap::Args)]
@@ -281,6 +285,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
         },
         Command::Status => admin::status(&master).await,
         Command::Scrub { name } => admin::scrub(&master, &name).await,
+        Command::Placement(command) => placement::run(command),
     }
 }
 

@@ -1,10 +1,20 @@
 //! Placement: which chunk servers hold the replicas of a chunk.
 //!
+//! - [`place`]: what the master uses today (below).
+//! - [`crush`]: Ceph's CRUSH, bit-exact with `crushtool`, with its text map syntax.
+//! - [`mapx`]: MAPX's time layers on top of CRUSH: expansion without migration, and
+//!   remap, shrink and merge for the migration that is wanted.
+//! - [`simulate`]: the MAPX paper's experiments (PGs moved by expansions and merges).
+//!
 //! Everything goes through [`place`], the one function a later issue replaces with
 //! CRUSH straw2 + MAPX layers. Today it is weighted rendezvous hashing (the same idea
 //! as straw2: each candidate draws a hash-derived straw scaled by its weight, the
 //! longest wins), which keeps placement deterministic and proportional to capacity,
 //! with two rules: replicas on distinct hosts, and an `ssd` primary when one exists.
+
+pub mod crush;
+pub mod mapx;
+pub mod simulate;
 
 use floe_protocol::{ChunkId, DeviceClass, ServerId, ServerInfo};
 

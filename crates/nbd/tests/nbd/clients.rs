@@ -236,7 +236,9 @@ fn nbdcopy_round_trip() {
 #[test]
 fn fio_random_io_verifies() {
     let server = Server::start();
-    let out = succeed(tool("fio").args([
+    // fio leaves a verify state file in its working directory.
+    let work = tempfile::tempdir().unwrap();
+    let out = succeed(tool("fio").current_dir(work.path()).args([
         "--name=verify",
         "--ioengine=nbd",
         &format!("--uri={}", server.uri("disk")),
