@@ -170,8 +170,8 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
-    /// The model: a replica is a map from version to the range written, holding a
-    /// prefix of the writer's history; a change lands only right after that prefix.
+    /// The model: a replica holds a prefix of the writer's history, the versions it
+    /// applied in order.
     #[derive(Default)]
     struct Model {
         applied: Vec<u64>,
