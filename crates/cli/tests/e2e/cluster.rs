@@ -139,9 +139,9 @@ impl Cluster {
         }
     }
 
-    /// Chunk index -> the chunk servers (by demo index) the master lists for it.
-    pub fn placement(&self) -> HashMap<u64, Vec<usize>> {
-        // Server id -> demo index, from the addresses: cs-n listens on port + 1 + n.
+    /// Chunk server id -> its demo index, from the addresses in `floe status`: cs-n
+    /// listens on port + 1 + n.
+    pub fn server_indexes(&self) -> HashMap<u32, usize> {
         let status = self.floe(&["status"]);
         let mut index_of = HashMap::new();
         for line in status.lines() {
@@ -156,6 +156,12 @@ impl Cluster {
                 }
             }
         }
+        index_of
+    }
+
+    /// Chunk index -> the chunk servers (by demo index) the master lists for it.
+    pub fn placement(&self) -> HashMap<u64, Vec<usize>> {
+        let index_of = self.server_indexes();
         let info = self.floe(&["volume", "info", "demo"]);
         let mut out = HashMap::new();
         for line in info.lines() {

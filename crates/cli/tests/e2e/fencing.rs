@@ -75,6 +75,38 @@ fn stalled_gateway_is_fenced_after_its_lease_moves() {
         text(&refused)
     );
 
+    // A read-only gateway needs no lease: it reads while the first holds it, and
+    // refuses writes.
+    let reader_port = free_ports();
+    let reader_uri = format!("nbd://127.0.0.1:{reader_port}/demo");
+    let mut reader = Command::new(FLOE)
+        .args([
+            "--master",
+            &cluster.info.master,
+            "gateway",
+            "--read-only",
+            "--listen",
+        ])
+        .arg(format!("127.0.0.1:{reader_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("read-only gateway starts");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        read_byte(&reader_uri, 0).contains("aa"),
+        "read-only gateway reads"
+    );
+    let write =
+        output(Command::new("qemu-io").args(["-f", "raw", "-c", "write 0 4k", &reader_uri]));
+    assert!(
+        text(&write).contains("failed"),
+        "read-only gateway took a write:\n{}",
+        text(&write)
+    );
+    let _ = reader.kill();
+    let _ = reader.wait();
+
     // The first gateway stalls; its lease runs out; the second takes the volume.
     signal(cluster.info.gateway_pid, libc::SIGSTOP);
     std::thread::sleep(LEASE_EXPIRY_WAIT);

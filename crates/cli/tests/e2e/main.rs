@@ -11,4 +11,5 @@ mod failover;
 mod fencing;
 mod fio;
 mod io_helpers;
+mod mark_lost;
 mod netcut;
