@@ -55,6 +55,12 @@ enum Command {
         /// embedded:PATH or etcd://HOST:PORT[,HOST:PORT]/PREFIX
         #[arg(long)]
         metadata: String,
+        /// Chunks repaired at once after a failure.
+        #[arg(long, default_value_t = floe_master::recovery::Limits::default().concurrency)]
+        recovery_concurrency: usize,
+        /// Copy rate of each chunk repair, e.g. 200M (0: unlimited).
+        #[arg(long, default_value = "200M", value_parser = size::parse)]
+        recovery_rate: u64,
     },
     /// Run a chunk server on one data directory (`floe chunkserver --dir ...`), or
     /// administer one (`floe chunkserver mark-lost ID`).
@@ -218,8 +224,17 @@ async fn execute(cli: Cli) -> Result<(), String> {
             })
             .await
         }
-        Command::Master { listen, metadata } => {
-            floe_master::run(bind(&listen).await?, &metadata).await
+        Command::Master {
+            listen,
+            metadata,
+            recovery_concurrency,
+            recovery_rate,
+        } => {
+            let limits = floe_master::recovery::Limits {
+                concurrency: recovery_concurrency.max(1),
+                bytes_per_second: recovery_rate,
+            };
+            floe_master::run(bind(&listen).await?, &metadata, limits).await
         }
         Command::Chunkserver {
             admin: Some(ChunkserverCommand::MarkLost { id }),

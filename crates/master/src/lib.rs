@@ -91,7 +91,10 @@ fn store_failed(e: floe_metadata::MetaError) -> (Status, String) {
 
 impl Master {
     /// Loads the cluster state from the metadata store.
-    pub async fn load(store: Box<dyn MetaStore>) -> Result<Master, String> {
+    pub async fn load(
+        store: Box<dyn MetaStore>,
+        limits: recovery::Limits,
+    ) -> Result<Master, String> {
         let corrupt =
             |key: &str, e: serde_json::Error| format!("metadata key {key} is corrupt: {e}");
         let mut state = State {
@@ -163,7 +166,7 @@ impl Master {
             store,
             state: Mutex::new(state),
             peers: ConnectionPool::default(),
-            recovery: recovery::Progress::default(),
+            recovery: recovery::Progress::new(limits),
         })
     }
 
@@ -664,12 +667,16 @@ impl Handler for Master {
 }
 
 /// Serves the master on `listener` over the metadata store at `metadata` (see
-/// `floe_metadata::open`).
-pub async fn run(listener: TcpListener, metadata: &str) -> Result<(), String> {
+/// `floe_metadata::open`), repairing chunks within `limits`.
+pub async fn run(
+    listener: TcpListener,
+    metadata: &str,
+    limits: recovery::Limits,
+) -> Result<(), String> {
     let store = floe_metadata::open(metadata)
         .await
         .map_err(|e| e.to_string())?;
-    let master = Arc::new(Master::load(store).await?);
+    let master = Arc::new(Master::load(store, limits).await?);
     tokio::spawn(recovery::run(master.clone()));
     tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, %metadata, "master serving");
     server::serve(listener, master)

@@ -3,11 +3,12 @@
 //!
 //! Every second the master looks for degraded chunks: a replica on a chunk server that
 //! stopped heartbeating (or was marked lost), or a replica a writer reported lagging.
-//! For each, at most [`CONCURRENCY`] at a time:
+//! For each, at most [`Limits::concurrency`] at a time:
 //! 1. a replacement is chosen for each failed replica (another host, same device class
 //!    preferred), and every target (replacements, laggards) pulls from the most
 //!    recent good replica while writes continue: incremental when the source's
-//!    journal lite reaches back, a whole copy otherwise, at most [`BYTES_PER_SECOND`];
+//!    journal lite reaches back, a whole copy otherwise, at most
+//!    [`Limits::bytes_per_second`];
 //! 2. the replicas are moved to view + 1 (they then refuse the writer's changes until
 //!    it refreshes its map) and report their versions; with a majority answering, the
 //!    highest version is the chunk's state;
@@ -30,10 +31,23 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Chunks repaired at once.
-pub const CONCURRENCY: usize = 2;
-/// Copy rate of one chunk repair: bounds what recovery takes from client I/O.
-pub const BYTES_PER_SECOND: u64 = 200 << 20;
+/// How hard recovery may work: it shares disks, network and CPU with client I/O.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Chunks repaired at once.
+    pub concurrency: usize,
+    /// Copy rate of one chunk repair (0: unlimited).
+    pub bytes_per_second: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            concurrency: 2,
+            bytes_per_second: 200 << 20,
+        }
+    }
+}
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// Bounds on one request to a chunk server; a repair copies up to a whole chunk.
 const ASK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,8 +57,8 @@ const RATE_WINDOW: Duration = Duration::from_secs(10);
 
 type Failure = (Status, String);
 
-#[derive(Default)]
 pub(crate) struct Progress {
+    limits: Limits,
     counters: std::sync::Mutex<Counters>,
 }
 
@@ -91,6 +105,13 @@ fn majority(n: usize) -> usize {
 }
 
 impl Progress {
+    pub(crate) fn new(limits: Limits) -> Progress {
+        Progress {
+            limits,
+            counters: Default::default(),
+        }
+    }
+
     pub(crate) fn status(&self, state: &State) -> RecoveryStatus {
         let mut status = RecoveryStatus::default();
         for placement in state.chunks.values().flat_map(|c| c.values()) {
@@ -120,8 +141,9 @@ impl Progress {
         let repairable = status.degraded_chunks - status.waiting_for_operator;
         if repairable > 0 && c.repaired > 0 {
             let per_chunk = c.busy_seconds / c.repaired as f64;
-            status.eta_seconds =
-                Some((per_chunk * repairable as f64 / CONCURRENCY as f64).ceil() as u64);
+            status.eta_seconds = Some(
+                (per_chunk * repairable as f64 / self.limits.concurrency as f64).ceil() as u64,
+            );
         }
         status.last_error = c.last_error.clone();
         status
@@ -137,7 +159,11 @@ pub async fn run(master: Arc<Master>) {
             let mut state = master.state.lock().await;
             state.refresh_liveness();
             let counters = master.recovery.counters.lock().unwrap();
-            let free = CONCURRENCY.saturating_sub(counters.in_progress.len());
+            let free = master
+                .recovery
+                .limits
+                .concurrency
+                .saturating_sub(counters.in_progress.len());
             state
                 .chunks
                 .iter()
@@ -248,7 +274,7 @@ impl Master {
             chunk,
             source: source.address.clone(),
             full,
-            bytes_per_second: BYTES_PER_SECOND,
+            bytes_per_second: self.recovery.limits.bytes_per_second,
         };
         match self.ask(&target.address, request).await {
             Ok(ControlResponse::Repaired {
