@@ -23,8 +23,10 @@ def figure(job, median):
     return median["mb_s"] if job["unit"] == "MB/s" else median["iops"]
 
 
-def table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+def table(header, rows, text_columns=1):
+    """A markdown table whose first `text_columns` columns are left-aligned, numbers right."""
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" if i < text_columns else "---:" for i in range(len(header))) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -48,7 +50,8 @@ def markdown(data):
         "",
         f"Each figure is the median of {meta['repeats']} fio runs of {meta['runtime_s']} s over a "
         f"{meta['working_set_bytes'] >> 20} MiB region written in full beforehand; 4 KiB blocks unless noted, "
-        "one fio job, the systems measured one after the other.",
+        "one fio job, the systems measured one after the other. Ratios divide Floe's figure by the other's: "
+        "above 1, Floe is faster (or cheaper).",
         "",
         "## Throughput",
         "",
@@ -59,7 +62,11 @@ def markdown(data):
         for a, b in ratios:
             row.append(f"{figure(job, med(a, job)) / figure(job, med(b, job)):.2f}")
         rows.append(row)
-    out += [table(["job", "unit"] + [labels[k] for k in keys] + [f"{labels[a]}/{labels[b]}" for a, b in ratios], rows), ""]
+    out += [table(["job", "unit"] + [labels[k] for k in keys] + [f"{labels[a]}/{labels[b]}" for a, b in ratios], rows,
+                  text_columns=2), ""]
+    out += ["Plain writes are not equally durable: the device's direct writes may sit in the disk's cache and "
+            "nbdkit's in the page cache, while Floe and Ceph acknowledge a write once it is durable on 3 replicas. "
+            "The fsync=1 job is the like-for-like durable write.", ""]
 
     out += ["## Latency at queue depth 1", "", "Completion latency in microseconds, p50 / p99.", ""]
     rows = [[job["label"]] + [f"{number(med(k, job)['p50_us'])} / {number(med(k, job)['p99_us'])}" for k in keys]
