@@ -5,6 +5,7 @@
 """
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -52,6 +53,15 @@ def markdown(data):
         f"{meta['working_set_bytes'] >> 20} MiB region written in full beforehand; 4 KiB blocks unless noted, "
         "one fio job, the systems measured one after the other. Ratios divide Floe's figure by the other's: "
         "above 1, Floe is faster (or cheaper).",
+        "",
+    ]
+    shares = {k: statistics.median(r["other_cpu_share"] for job in jobs for r in results[k][job["key"]]["runs"])
+              for k in keys}
+    out += [
+        "CPU used outside the measured processes during the runs (other work on the machine, and kernel threads "
+        "doing the system's I/O), median share of the machine: "
+        + ", ".join(f"{labels[k]} {share:.0%}" for k, share in shares.items())
+        + ". Much more than a few percent means something else competed for the CPUs.",
         "",
         "## Throughput",
         "",
