@@ -270,14 +270,23 @@ async fn start(
         ]),
         logs,
     )?);
-    while tokio::net::TcpStream::connect(&nbd_address).await.is_err() {
+    // Ready when an NBD server greets on the port and our gateway is still running a
+    // moment later: another process may hold the port, and then ours exits.
+    loop {
+        let greeted = speaks_nbd(&nbd_address).await;
+        if greeted {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let gateway = processes.last_mut().expect("gateway pushed");
         gateway.check(logs);
         if gateway.exited || Instant::now() > deadline {
             return Err(format!(
-                "gateway did not start; see {}",
+                "gateway did not start on {nbd_address} (is the port taken?); see {}",
                 logs.join("gateway.log").display()
             ));
+        }
+        if greeted {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -306,4 +315,15 @@ async fn start(
         dir.display()
     );
     Ok(())
+}
+
+/// Whether the server at `address` sends an NBD greeting.
+async fn speaks_nbd(address: &str) -> bool {
+    use tokio::io::AsyncReadExt;
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+        return false;
+    };
+    let mut magic = [0u8; 8];
+    let read = tokio::time::timeout(Duration::from_secs(1), stream.read_exact(&mut magic)).await;
+    matches!(read, Ok(Ok(_))) && &magic == b"NBDMAGIC"
 }
