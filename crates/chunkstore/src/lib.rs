@@ -1,5 +1,6 @@
 //! Chunk replica storage on one chunk server's data directory.
 //!
+//! - [`journal_index`]: per-chunk map from chunk ranges to journal positions (URSA §3.3).
 //! - [`wal`]: the write-ahead log format: every change is a checksummed, sequenced
 //!   record; the log is what makes a write durable and atomic.
 //! - [`store`]: the store: the event loop appends batches of records to the
@@ -16,6 +17,7 @@
 //! After a crash, replay re-applies every record from the last checkpoint up to the
 //! first torn or missing one, so an acknowledged write is always whole and an
 //! unacknowledged one is either whole or absent.
+pub mod journal_index;
 pub mod meta;
 pub mod store;
 pub mod wal;
