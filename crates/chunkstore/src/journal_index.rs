@@ -127,6 +127,27 @@ fn is_tombstone(v: u64) -> bool {
     v & JOURNAL_MASK == TOMBSTONE
 }
 
+/// Appends `v` to a sorted run, extending the last entry instead if `v` continues it
+/// both in the chunk and in the journal and the sum still fits one entry.
+fn push_joined(run: &mut Vec<u64>, v: u64) {
+    let e = Entry::unpack(v);
+    if let Some(last) = run.last_mut() {
+        let l = Entry::unpack(*last);
+        if l.end() == e.offset
+            && l.journal + l.len == e.journal
+            && l.len + e.len <= MAX_ENTRY_SECTORS
+        {
+            *last = Entry {
+                len: l.len + e.len,
+                ..l
+            }
+            .pack();
+            return;
+        }
+    }
+    run.push(v);
+}
+
 /// Smallest packed value with the given offset: the search key for "offset >= o".
 /// Only for offsets below [`MAX_CHUNK_SECTORS`]; range ends use [`offset_of`] instead.
 fn key(offset: u64) -> u64 {
@@ -300,18 +321,21 @@ impl JournalIndex {
         }
     }
 
-    /// Folds the first level into the array and drops erased array slots. `O(n)`; run
-    /// it when convenient (idle time), or let inserts run it past the threshold.
+    /// Folds the first level into the array, drops erased array slots and joins
+    /// neighbours that continue each other in the journal (sequential writes). `O(n)`;
+    /// run it when convenient (idle time), or let inserts run it past the threshold.
     pub fn merge(&mut self) {
         let mut merged = Vec::with_capacity(self.array.len() + self.tree.len());
         let mut tree = std::mem::take(&mut self.tree).into_iter().peekable();
         for &v in self.array.iter().filter(|&&v| !is_tombstone(v)) {
             while let Some(t) = tree.next_if(|&t| t < v) {
-                merged.push(t);
+                push_joined(&mut merged, t);
             }
-            merged.push(v);
+            push_joined(&mut merged, v);
         }
-        merged.extend(tree);
+        for t in tree {
+            push_joined(&mut merged, t);
+        }
         self.array = merged;
     }
 
@@ -541,6 +565,25 @@ mod tests {
                 len: MAX_ENTRY_SECTORS,
                 journal: 7 + MAX_ENTRY_SECTORS,
             }
+        );
+    }
+
+    #[test]
+    fn merge_joins_sequential_writes() {
+        let mut index = JournalIndex::new(100).unwrap();
+        for i in 0..10 {
+            index.insert(i * 8, 8, 500 + i * 8).unwrap();
+        }
+        index.insert(90, 5, 0).unwrap(); // not contiguous in the chunk
+        index.merge();
+        assert_eq!(index.array_len(), 2);
+        assert_eq!(
+            index.query(0, 80).unwrap(),
+            vec![Piece::Journal {
+                offset: 0,
+                len: 80,
+                journal: 500
+            }]
         );
     }
 
