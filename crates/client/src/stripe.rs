@@ -74,6 +74,47 @@ impl Layout {
     }
 }
 
+/// A contiguous range of one chunk that a request touches, gathered from its pieces:
+/// a request spanning several stripes costs one chunk request per chunk, not one per
+/// stripe unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    pub chunk: u64,
+    pub chunk_offset: u64,
+    pub length: u64,
+    /// (offset in the request, length) of each piece, in chunk order.
+    pub parts: Vec<(u64, u64)>,
+}
+
+impl Layout {
+    /// The pieces of `[offset, offset + length)` merged into runs, in volume order of
+    /// their first piece.
+    pub fn runs(&self, offset: u64, length: u64) -> Vec<Run> {
+        let mut runs: Vec<Run> = Vec::new();
+        for piece in self.pieces(offset, length) {
+            // The run a piece continues is among the last `count` (one per chunk).
+            match runs
+                .iter_mut()
+                .rev()
+                .take(self.count as usize)
+                .find(|r| r.chunk == piece.chunk && r.chunk_offset + r.length == piece.chunk_offset)
+            {
+                Some(run) => {
+                    run.length += piece.length;
+                    run.parts.push((piece.request_offset, piece.length));
+                }
+                None => runs.push(Run {
+                    chunk: piece.chunk,
+                    chunk_offset: piece.chunk_offset,
+                    length: piece.length,
+                    parts: vec![(piece.request_offset, piece.length)],
+                }),
+            }
+        }
+        runs
+    }
+}
+
 /// Chunk-addressed I/O: what the striping layer needs from the layer below.
 #[async_trait]
 pub trait ChunkIo: Send + Sync + 'static {
@@ -99,25 +140,15 @@ impl<C: ChunkIo> Striped<C> {
         }
     }
 
-    /// Zeroes a range, one request per contiguous run inside a chunk: a whole-device
-    /// discard becomes one request per chunk, not one per stripe unit.
+    /// Zeroes a range, one request per run: a whole-device discard becomes one request
+    /// per chunk, not one per stripe unit.
     async fn zero(&self, offset: u64, length: u64, punch: bool) -> Result<(), IoError> {
         check_range(self.size, offset, length)?;
-        let mut runs: Vec<(u64, u64, u64)> = Vec::new();
-        for piece in self.layout.pieces(offset, length) {
-            match runs
-                .iter_mut()
-                .rev()
-                .take(self.layout.count as usize)
-                .find(|(chunk, at, len)| *chunk == piece.chunk && at + len == piece.chunk_offset)
-            {
-                Some(run) => run.2 += piece.length,
-                None => runs.push((piece.chunk, piece.chunk_offset, piece.length)),
-            }
-        }
-        let requests = runs
+        let requests = self
+            .layout
+            .runs(offset, length)
             .into_iter()
-            .map(|(chunk, at, len)| self.chunks.zero(chunk, at, len, punch));
+            .map(|r| self.chunks.zero(r.chunk, r.chunk_offset, r.length, punch));
         futures::future::try_join_all(requests).await.map(drop)
     }
 }
@@ -130,28 +161,50 @@ impl<C: ChunkIo> BlockDevice for Striped<C> {
 
     async fn read(&self, offset: u64, length: u32) -> Result<Bytes, IoError> {
         check_range(self.size, offset, length as u64)?;
-        let pieces: Vec<Piece> = self.layout.pieces(offset, length as u64).collect();
-        let reads = pieces
+        let runs = self.layout.runs(offset, length as u64);
+        let reads = runs
             .iter()
-            .map(|p| self.chunks.read(p.chunk, p.chunk_offset, p.length as u32));
-        let mut parts = futures::future::try_join_all(reads).await?;
-        if parts.len() == 1 {
-            return Ok(parts.pop().expect("one part"));
+            .map(|r| self.chunks.read(r.chunk, r.chunk_offset, r.length as u32));
+        let mut datas = futures::future::try_join_all(reads).await?;
+        if let [run] = &runs[..] {
+            if run.parts.len() == 1 {
+                return Ok(datas.pop().expect("one run"));
+            }
         }
-        let mut out = BytesMut::with_capacity(length as usize);
-        for part in parts {
-            out.extend_from_slice(&part);
+        // Scatter each run's pieces back to their places in the request.
+        let mut out = BytesMut::zeroed(length as usize);
+        for (run, data) in runs.iter().zip(datas) {
+            let mut at = 0;
+            for &(start, len) in &run.parts {
+                let (start, len) = (start as usize, len as usize);
+                out[start..start + len].copy_from_slice(&data[at..at + len]);
+                at += len;
+            }
         }
         Ok(out.freeze())
     }
 
     async fn write(&self, offset: u64, data: Bytes, _fua: bool) -> Result<(), IoError> {
         check_range(self.size, offset, data.len() as u64)?;
-        let writes = self.layout.pieces(offset, data.len() as u64).map(|p| {
-            let start = p.request_offset as usize;
-            let part = data.slice(start..start + p.length as usize);
-            self.chunks.write(p.chunk, p.chunk_offset, part)
-        });
+        let writes = self
+            .layout
+            .runs(offset, data.len() as u64)
+            .into_iter()
+            .map(|run| {
+                // One piece is a zero-copy slice; several are gathered into one buffer.
+                let part = match run.parts[..] {
+                    [(start, len)] => data.slice(start as usize..(start + len) as usize),
+                    _ => {
+                        let mut gathered = BytesMut::with_capacity(run.length as usize);
+                        for &(start, len) in &run.parts {
+                            gathered
+                                .extend_from_slice(&data[start as usize..(start + len) as usize]);
+                        }
+                        gathered.freeze()
+                    }
+                };
+                self.chunks.write(run.chunk, run.chunk_offset, part)
+            });
         futures::future::try_join_all(writes).await.map(drop)
     }
 
@@ -214,6 +267,26 @@ mod tests {
         assert_eq!(LAYOUT.locate(4096 + 5), (1, 5, 4091));
         assert_eq!(LAYOUT.locate(3 * 4096), (0, 4096, 4096));
         assert_eq!(LAYOUT.locate(3 * 16384), (3, 0, 4096), "second object set");
+    }
+
+    #[test]
+    fn runs_merge_the_pieces_of_one_chunk() {
+        // Two whole stripes: one run per chunk, each of two units.
+        let runs = LAYOUT.runs(0, 6 * 4096);
+        assert_eq!(runs.len(), 3);
+        assert_eq!(
+            runs[1],
+            Run {
+                chunk: 1,
+                chunk_offset: 0,
+                length: 8192,
+                parts: vec![(4096, 4096), (4 * 4096, 4096)],
+            }
+        );
+        // Crossing into the next object set starts new chunks.
+        let across = LAYOUT.runs(3 * 16384 - 4096, 8192);
+        assert_eq!(across.len(), 2);
+        assert_eq!((across[0].chunk, across[1].chunk), (2, 3));
     }
 
     /// Chunks as RAM devices, recording which were written.
