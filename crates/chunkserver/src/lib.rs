@@ -50,6 +50,28 @@ struct Slot {
     changed: Notify,
 }
 
+/// Why a replica is frozen after a change failed to store: later changes may have
+/// landed behind the hole, so only a repair can vouch for it again.
+const FAILED_CHANGE: &str = "missing a change that failed to store";
+
+impl Slot {
+    /// Waits until every change handed to the store is durable (or one failed, and
+    /// will never be).
+    async fn settled(&self) {
+        loop {
+            // Created before the check: notify_waiters wakes it from here on.
+            let changed = self.changed.notified();
+            {
+                let replica = self.replica.lock().unwrap();
+                if replica.durable >= replica.submitted || replica.frozen == Some(FAILED_CHANGE) {
+                    return;
+                }
+            }
+            changed.await;
+        }
+    }
+}
+
 pub(crate) struct ChunkServer {
     store: Store,
     /// Connections to backups this server forwards to, and to repair sources.
@@ -323,7 +345,7 @@ impl ChunkServer {
                 Err(e) => {
                     // Later changes may already be queued behind this one: the
                     // replica's history has a hole until a repair rewrites it.
-                    replica.frozen = Some("missing a change that failed to store");
+                    replica.frozen = Some(FAILED_CHANGE);
                     store_error(e)
                 }
             }
@@ -376,21 +398,13 @@ impl ChunkServer {
         }
     }
 
-    /// Waits until every change handed to the store is durable; the replica state.
+    /// The replica's state once every change handed to the store is durable.
     async fn settle(&self, slot: &Slot) -> ControlResponse {
-        loop {
-            // Created before the check: notify_waiters wakes it from here on.
-            let changed = slot.changed.notified();
-            {
-                let replica = slot.replica.lock().unwrap();
-                if replica.durable >= replica.submitted || replica.frozen.is_some() {
-                    return ControlResponse::ChunkInfo {
-                        view: replica.view,
-                        version: replica.durable,
-                    };
-                }
-            }
-            changed.await;
+        slot.settled().await;
+        let replica = slot.replica.lock().unwrap();
+        ControlResponse::ChunkInfo {
+            view: replica.view,
+            version: replica.durable,
         }
     }
 

@@ -9,6 +9,7 @@
 //! is stamped only at the end, so a crash part-way leaves a replica that claims no
 //! more than it holds and is simply repaired again.
 
+use crate::replica::merge;
 use crate::{ChunkServer, Slot};
 use bytes::Bytes;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
@@ -94,16 +95,7 @@ impl Pull<'_> {
     /// source's data in a gap is as new as anything the replica holds there.
     async fn copy(&mut self, ranges: &[(u64, u64)], meta: ChunkMeta) -> Result<u64, Failure> {
         let mut copied = 0;
-        let mut spans: Vec<(u64, u64)> = Vec::new();
-        for &(offset, length) in ranges {
-            match spans.last_mut() {
-                Some((o, l)) if offset >= *o && offset <= *o + *l + GAP_BYTES => {
-                    *l = (*l).max(offset.saturating_add(length) - *o)
-                }
-                _ => spans.push((offset, length)),
-            }
-        }
-        for (offset, length) in spans {
+        for (offset, length) in merge(&mut ranges.to_vec(), GAP_BYTES) {
             let end = offset
                 .checked_add(length)
                 .filter(|end| *end <= CHUNK_BYTES_MAX)
@@ -227,19 +219,7 @@ pub(crate) async fn repair(
         replica.log.clear();
     }
     slot.changed.notify_waiters();
-    let settled = tokio::time::timeout(SETTLE_WAIT, async {
-        loop {
-            let changed = slot.changed.notified();
-            {
-                let replica = slot.replica.lock().unwrap();
-                if replica.durable >= replica.submitted {
-                    return;
-                }
-            }
-            changed.await;
-        }
-    })
-    .await;
+    let settled = tokio::time::timeout(SETTLE_WAIT, slot.settled()).await;
     let (view, since) = {
         let replica = slot.replica.lock().unwrap();
         (replica.view, replica.durable)

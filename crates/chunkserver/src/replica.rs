@@ -146,17 +146,20 @@ impl Replica {
             .take_while(|e| e.version <= self.durable)
             .map(|e| (e.offset, e.length))
             .collect();
-        Some((self.durable, merge(&mut ranges)))
+        Some((self.durable, merge(&mut ranges, 0)))
     }
 }
 
-/// Sorts and coalesces overlapping or touching (offset, length) ranges.
-pub fn merge(ranges: &mut [(u64, u64)]) -> Vec<(u64, u64)> {
+/// Sorts (offset, length) ranges and coalesces those that overlap or lie at most
+/// `gap` bytes apart (the gap then joins the range).
+pub fn merge(ranges: &mut [(u64, u64)], gap: u64) -> Vec<(u64, u64)> {
     ranges.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
     for &(offset, length) in ranges.iter() {
         match out.last_mut() {
-            Some((o, l)) if *o + *l >= offset => *l = (*l).max(offset + length - *o),
+            Some((o, l)) if (*o + *l).saturating_add(gap) >= offset => {
+                *l = (*l).max(offset.saturating_add(length) - *o)
+            }
             _ => out.push((offset, length)),
         }
     }

@@ -364,12 +364,7 @@ impl Master {
                 index,
                 server,
             } => {
-                let Some(mut placement) = state
-                    .chunks
-                    .get(&volume_id)
-                    .and_then(|c| c.get(&index))
-                    .cloned()
-                else {
+                let Some(mut placement) = state.placement(volume_id, index) else {
                     return Err((
                         Status::NotFound,
                         format!("chunk {volume_id}/{index} is not allocated"),
@@ -562,12 +557,7 @@ impl Master {
                 ),
             ));
         }
-        let existing = state
-            .chunks
-            .get(&volume_id)
-            .and_then(|c| c.get(&index))
-            .cloned();
-        let placement = match existing {
+        let placement = match state.placement(volume_id, index) {
             Some(placement) => placement,
             None => {
                 let chunk = ChunkId { volume_id, index };
@@ -601,6 +591,11 @@ impl State {
                 .get(&server.id)
                 .is_some_and(|t| now.duration_since(*t) < HEARTBEAT_TIMEOUT);
         }
+    }
+
+    /// Where an allocated chunk's replicas are.
+    pub(crate) fn placement(&self, volume_id: u64, index: u64) -> Option<ChunkPlacement> {
+        self.chunks.get(&volume_id)?.get(&index).cloned()
     }
 
     /// Servers new replicas may go to.

@@ -27,7 +27,7 @@ use floe_protocol::{
     ChunkId, ChunkPlacement, ControlRequest, ControlResponse, RecoveryStatus, Request, Response,
     ScrubReport, ServerId, ServerInfo, Status,
 };
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -342,10 +342,7 @@ async fn recover(master: &Master, volume_id: u64, index: u64) -> Result<Copied, 
     let (placement, servers, new_set) = {
         let state = master.state.lock().await;
         let placement = state
-            .chunks
-            .get(&volume_id)
-            .and_then(|c| c.get(&index))
-            .cloned()
+            .placement(volume_id, index)
             .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
         let mut new_set = placement.replicas.clone();
         for (i, id) in placement.replicas.iter().enumerate() {
@@ -371,11 +368,7 @@ async fn recover(master: &Master, volume_id: u64, index: u64) -> Result<Copied, 
                 }
             }
         }
-        let servers: HashMap<ServerId, ServerInfo> = state
-            .servers
-            .iter()
-            .map(|(id, s)| (*id, s.clone()))
-            .collect();
+        let servers = state.servers.clone();
         (placement, servers, new_set)
     };
     let up = |id: &ServerId| servers.get(id).is_some_and(|s| s.up && !s.lost);
@@ -501,10 +494,7 @@ async fn recover(master: &Master, volume_id: u64, index: u64) -> Result<Copied, 
     // 4. Store the new replica set and view.
     let mut state = master.state.lock().await;
     let current = state
-        .chunks
-        .get(&volume_id)
-        .and_then(|c| c.get(&index))
-        .cloned()
+        .placement(volume_id, index)
         .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
     if current.replicas != placement.replicas {
         return Err((Status::Unavailable, "placement changed meanwhile".into()));
@@ -553,11 +543,7 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
             .into_iter()
             .flat_map(|c| c.values().cloned())
             .collect();
-        let servers: HashMap<ServerId, ServerInfo> = state
-            .servers
-            .iter()
-            .map(|(id, s)| (*id, s.clone()))
-            .collect();
+        let servers = state.servers.clone();
         (volume, placements, servers)
     };
     let mut report = ScrubReport::default();
