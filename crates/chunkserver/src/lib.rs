@@ -474,6 +474,43 @@ impl ChunkServer {
                 let slot = self.slot(chunk);
                 repair::repair(self, &slot, chunk, &source, full, bytes_per_second).await
             }
+            ControlRequest::DropChunk { chunk, view } => {
+                let slot = self.slot(chunk);
+                {
+                    let mut replica = slot.replica.lock().unwrap();
+                    if replica.view > view {
+                        return Err((
+                            Status::StaleView,
+                            format!("the replica joined view {} since; kept", replica.view),
+                        ));
+                    }
+                    if replica.frozen.is_some() {
+                        return Err((
+                            Status::Busy,
+                            format!("the replica is {}; kept", replica.frozen.unwrap_or("")),
+                        ));
+                    }
+                    // Claims nothing from here on: a read wanting any version, or a
+                    // repair, finds an empty replica.
+                    replica.view = view;
+                    replica.submitted = 0;
+                    replica.durable = 0;
+                    replica.log.clear();
+                }
+                slot.changed.notify_waiters();
+                self.store
+                    .zero(
+                        chunk,
+                        0,
+                        CHUNK_BYTES_MAX,
+                        true,
+                        ChunkMeta { view, version: 0 },
+                    )
+                    .await
+                    .map_err(|e| (Status::Io, e.to_string()))?;
+                tracing::info!(?chunk, view, "replica moved away: data freed");
+                Ok(ControlResponse::Done)
+            }
             _ => Err((
                 Status::BadRequest,
                 "this is a chunk server; send cluster requests to the master".into(),

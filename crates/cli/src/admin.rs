@@ -7,9 +7,10 @@ use floe_protocol::{ControlRequest, ControlResponse, ServerId, Volume, VolumeSpe
 
 fn volume_row(v: &Volume) -> String {
     format!(
-        "{:<20} {:>10} {:>8} {:>10} {:>10} {:>7} {:>8}",
+        "{:<20} {:>10} {:<6} {:>8} {:>10} {:>10} {:>7} {:>8}",
         v.spec.name,
         size::format(v.spec.size_bytes),
+        v.spec.mode,
         v.spec.replicas,
         size::format(v.spec.chunk_bytes),
         size::format(v.spec.stripe_unit_bytes),
@@ -19,7 +20,7 @@ fn volume_row(v: &Volume) -> String {
 }
 
 const VOLUME_HEADER: &str =
-    "NAME                       SIZE REPLICAS      CHUNK STRIPE-UNIT STRIPES ALLOCATED";
+    "NAME                       SIZE MODE   REPLICAS      CHUNK STRIPE-UNIT STRIPES ALLOCATED";
 
 pub async fn create(master: &MasterClient, spec: VolumeSpec) -> Result<(), String> {
     let volume = master
@@ -27,9 +28,10 @@ pub async fn create(master: &MasterClient, spec: VolumeSpec) -> Result<(), Strin
         .await
         .map_err(|e| format!("cannot create volume: {e}"))?;
     println!(
-        "created volume {} ({}, {} replicas)",
+        "created volume {} ({}, {}, {} replicas)",
         volume.spec.name,
         size::format(volume.spec.size_bytes),
+        volume.spec.mode,
         volume.spec.replicas
     );
     Ok(())
@@ -54,6 +56,7 @@ pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
         size::format(v.spec.size_bytes),
         v.spec.size_bytes
     );
+    println!("mode:          {}", v.spec.mode);
     println!("replicas:      {}", v.spec.replicas);
     println!("chunk size:    {}", size::format(v.spec.chunk_bytes));
     println!(
@@ -79,10 +82,11 @@ pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
             })
             .collect();
         println!(
-            "  chunk {:>6}: servers {} view {}",
+            "  chunk {:>6}: servers {} view {} layer {}",
             chunk.index,
             replicas.join(","),
-            chunk.view
+            chunk.view,
+            chunk.layer
         );
     }
     Ok(())
@@ -184,6 +188,39 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
     );
     if let Some(error) = &r.last_error {
         println!("  last attempt failed: {error}");
+    }
+    let m = &status.rebalance;
+    println!(
+        "placement: {}, cluster map epoch {}, {} layers{}",
+        m.mode,
+        m.epoch,
+        m.layers,
+        match m.pending_servers {
+            0 => String::new(),
+            n => format!("; {n} chunk servers not in the map (`floe cluster expand` adds them)"),
+        }
+    );
+    if m.misplaced_chunks == 0 && m.moving == 0 {
+        println!("rebalance: every chunk is where the map places it");
+    } else {
+        println!(
+            "rebalance: {} chunks to move, {} moving{}",
+            m.misplaced_chunks,
+            m.moving,
+            match m.eta_seconds {
+                Some(eta) => format!(", about {eta} s left"),
+                None => String::new(),
+            }
+        );
+    }
+    println!(
+        "moves: {} chunks moved, {} copied, {}/s now",
+        m.moved_chunks,
+        size::format(m.bytes_moved),
+        size::format(m.bytes_per_second)
+    );
+    if let Some(error) = &m.last_error {
+        println!("  last move failed: {error}");
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 use crate::size;
 use floe_client::master::MasterClient;
 use floe_protocol::connection::CallError;
-use floe_protocol::{Status, VolumeSpec};
+use floe_protocol::{PlacementMode, Status, VolumeMode, VolumeSpec};
 use serde::Serialize;
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;
@@ -22,6 +22,8 @@ pub struct Options {
     pub nbd_port: u16,
     pub volume_size: u64,
     pub metadata: Option<String>,
+    pub placement: PlacementMode,
+    pub mode: VolumeMode,
 }
 
 /// (host, device class) of each chunk server.
@@ -179,7 +181,15 @@ async fn start(
     println!("starting master on {master_address} ({metadata})");
     processes.push(Process::spawn(
         "master",
-        &args(&["master", "--listen", master_address, "--metadata", metadata]),
+        &args(&[
+            "master",
+            "--listen",
+            master_address,
+            "--metadata",
+            metadata,
+            "--placement",
+            &options.placement.to_string(),
+        ]),
         logs,
     )?);
     println!("starting {} chunk servers", CHUNK_SERVERS.len());
@@ -245,11 +255,13 @@ async fn start(
         chunk_bytes: floe_protocol::CHUNK_BYTES_DEFAULT,
         stripe_unit_bytes: floe_protocol::STRIPE_UNIT_BYTES_DEFAULT,
         stripe_count: floe_protocol::STRIPE_COUNT_DEFAULT,
+        mode: options.mode,
     };
     match master.create_volume(spec).await {
         Ok(v) => println!(
-            "created volume demo ({}, 3 replicas on 3 hosts)",
-            size::format(v.spec.size_bytes)
+            "created volume demo ({}, {}, 3 replicas on 3 hosts)",
+            size::format(v.spec.size_bytes),
+            v.spec.mode
         ),
         Err(CallError::Remote {
             status: Status::AlreadyExists,

@@ -1,13 +1,14 @@
 //! `floe`: one binary for every Floe process and the admin commands.
 
 mod admin;
+mod cluster;
 mod demo;
 mod placement;
 mod size;
 
 use clap::{Parser, Subcommand};
 use floe_client::master::MasterClient;
-use floe_protocol::{DeviceClass, VolumeSpec};
+use floe_protocol::{DeviceClass, PlacementMode, VolumeMode, VolumeSpec};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -47,6 +48,12 @@ enum Command {
         /// Metadata store instead of the embedded one, e.g. etcd://127.0.0.1:2379/floe.
         #[arg(long)]
         metadata: Option<String>,
+        /// Placement of a new cluster: mapx (growth moves nothing) or crush.
+        #[arg(long, default_value = "mapx")]
+        placement: PlacementMode,
+        /// Device classes of the demo volume: ssd, hybrid or hdd.
+        #[arg(long, default_value = "hybrid")]
+        mode: VolumeMode,
     },
     /// Run the master.
     Master {
@@ -61,6 +68,16 @@ enum Command {
         /// Copy rate of each chunk repair, e.g. 200M (0: unlimited).
         #[arg(long, default_value = "200M", value_parser = size::parse)]
         recovery_rate: u64,
+        /// Chunks moved at once towards where the cluster map places them.
+        #[arg(long, default_value_t = floe_master::recovery::Limits::MOVES.concurrency)]
+        move_concurrency: usize,
+        /// Copy rate of each chunk move, e.g. 50M (0: unlimited).
+        #[arg(long, default_value = "50M", value_parser = size::parse)]
+        move_rate: u64,
+        /// Placement of a new cluster: mapx (growth moves nothing) or crush. An existing
+        /// cluster keeps the mode its map was created with.
+        #[arg(long, default_value = "mapx")]
+        placement: PlacementMode,
     },
     /// Run a chunk server on one data directory (`floe chunkserver --dir ...`), or
     /// administer one (`floe chunkserver mark-lost ID`).
@@ -89,6 +106,15 @@ enum Command {
     /// Offline placement tools: crushtool-compatible mapping, MAPX simulations.
     #[command(subcommand)]
     Placement(placement::PlacementCommand),
+    /// The cluster map: show it, add new chunk servers.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
+    /// Placement groups (mapx).
+    #[command(subcommand)]
+    Pg(cluster::PgCommand),
+    /// Layers of the cluster map (mapx).
+    #[command(subcommand)]
+    Layer(cluster::LayerCommand),
 }
 
 #[derive(clap::Args)]
@@ -129,6 +155,10 @@ enum VolumeCommand {
         stripe_unit: u64,
         #[arg(long, default_value_t = floe_protocol::STRIPE_COUNT_DEFAULT)]
         stripe_count: u32,
+        /// Device classes: ssd (all replicas), hybrid (primary on ssd, backups on hdd
+        /// behind ssd journals) or hdd (all replicas).
+        #[arg(long, default_value = "hybrid")]
+        mode: VolumeMode,
     },
     List,
     Info {
@@ -214,6 +244,8 @@ async fn execute(cli: Cli) -> Result<(), String> {
             nbd_port,
             size,
             metadata,
+            placement,
+            mode,
         } => {
             demo::run(demo::Options {
                 dir,
@@ -221,6 +253,8 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 nbd_port,
                 volume_size: size,
                 metadata,
+                placement,
+                mode,
             })
             .await
         }
@@ -229,12 +263,22 @@ async fn execute(cli: Cli) -> Result<(), String> {
             metadata,
             recovery_concurrency,
             recovery_rate,
+            move_concurrency,
+            move_rate,
+            placement,
         } => {
-            let limits = floe_master::recovery::Limits {
-                concurrency: recovery_concurrency.max(1),
-                bytes_per_second: recovery_rate,
+            let settings = floe_master::Settings {
+                recovery: floe_master::recovery::Limits {
+                    concurrency: recovery_concurrency.max(1),
+                    bytes_per_second: recovery_rate,
+                },
+                moves: floe_master::recovery::Limits {
+                    concurrency: move_concurrency.max(1),
+                    bytes_per_second: move_rate,
+                },
+                placement,
             };
-            floe_master::run(bind(&listen).await?, &metadata, limits).await
+            floe_master::run(bind(&listen).await?, &metadata, settings).await
         }
         Command::Chunkserver {
             admin: Some(ChunkserverCommand::MarkLost { id }),
@@ -282,6 +326,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 chunk_size,
                 stripe_unit,
                 stripe_count,
+                mode,
             } => {
                 let spec = VolumeSpec {
                     name,
@@ -290,6 +335,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     chunk_bytes: chunk_size,
                     stripe_unit_bytes: stripe_unit,
                     stripe_count,
+                    mode,
                 };
                 admin::create(&master, spec).await
             }
@@ -301,6 +347,9 @@ async fn execute(cli: Cli) -> Result<(), String> {
         Command::Status => admin::status(&master).await,
         Command::Scrub { name } => admin::scrub(&master, &name).await,
         Command::Placement(command) => placement::run(command),
+        Command::Cluster(command) => cluster::cluster(&master, command).await,
+        Command::Pg(command) => cluster::pg(&master, command).await,
+        Command::Layer(command) => cluster::layer(&master, command).await,
     }
 }
 

@@ -74,7 +74,7 @@ impl MasterClient {
 
     pub async fn status(&self) -> Result<ClusterStatus, CallError> {
         match self.call(ControlRequest::Status).await? {
-            ControlResponse::Status(status) => Ok(status),
+            ControlResponse::Status(status) => Ok(*status),
             other => Err(self.unexpected(other)),
         }
     }

@@ -14,6 +14,9 @@
 //!   falling back to the others (primary switching without reconfiguration).
 //! - A refused view means the master changed the replica set: the map is refreshed
 //!   and the change resent. A refused lease generation fails the write for good.
+//! - A chunk's first write places it from the cluster map this writer holds; the
+//!   master records that placement (checked against the same map) and the writer
+//!   refreshes its map when the master's answer differs.
 
 use crate::lease::Lease;
 use crate::master::MasterClient;
@@ -21,10 +24,12 @@ use crate::stripe::ChunkIo;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use floe_blockdev::IoError;
+use floe_placement::cluster::Placer;
 use floe_protocol::connection::CallError;
 use floe_protocol::{
-    next_version, ChunkId, ChunkPlacement, ConnectionPool, ControlRequest, ControlResponse,
-    Request, Response, ServerId, ServerInfo, Stamp, Status, VolumeMap,
+    next_version, ChunkId, ChunkPlacement, ClusterMap, ConnectionPool, ControlRequest,
+    ControlResponse, Proposal, Request, Response, ServerId, ServerInfo, Stamp, Status, VolumeMap,
+    VolumeSpec,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -73,8 +78,13 @@ pub struct ReplicatedChunks {
     volume_name: String,
     /// `None`: opened read-only.
     lease: Option<Lease>,
+    spec: VolumeSpec,
     chunks: Mutex<HashMap<u64, Chunk>>,
     servers: Mutex<HashMap<ServerId, String>>,
+    /// Servers down or lost when the map was last read: new chunks avoid them.
+    unavailable: Mutex<HashSet<ServerId>>,
+    /// The cluster map, ready to place; `None` before the first server joined it.
+    placer: Mutex<Option<Arc<Placer>>>,
     /// Servers that recently failed a request, and when.
     suspects: Mutex<HashMap<ServerId, Instant>>,
     pool: ConnectionPool,
@@ -128,14 +138,65 @@ impl ReplicatedChunks {
             master,
             volume_id: map.volume.id,
             volume_name: map.volume.spec.name.clone(),
+            spec: map.volume.spec.clone(),
             lease,
             chunks: Mutex::default(),
             servers: Mutex::default(),
+            unavailable: Mutex::default(),
+            placer: Mutex::default(),
             suspects: Mutex::default(),
             pool: ConnectionPool::default(),
         };
-        chunks.absorb(map.chunks, map.servers);
+        chunks.absorb_map(map);
         chunks
+    }
+
+    /// Takes in a volume map: placements, servers and the cluster map.
+    fn absorb_map(&self, map: VolumeMap) {
+        *self.unavailable.lock().unwrap() = map
+            .servers
+            .iter()
+            .filter(|s| !s.up || s.lost)
+            .map(|s| s.id)
+            .collect();
+        self.absorb_cluster(&map.cluster);
+        self.absorb(map.chunks, map.servers);
+    }
+
+    fn absorb_cluster(&self, cluster: &ClusterMap) {
+        let mut placer = self.placer.lock().unwrap();
+        if cluster.epoch == 0 || placer.as_ref().is_some_and(|p| p.epoch() == cluster.epoch) {
+            return;
+        }
+        match Placer::new(cluster) {
+            Ok(new) => *placer = Some(Arc::new(new)),
+            Err(e) => tracing::warn!(epoch = cluster.epoch, "cannot use the cluster map: {e}"),
+        }
+    }
+
+    /// Where this writer's cluster map places a new chunk.
+    fn propose(&self, index: u64) -> Option<Proposal> {
+        let placer = self.placer.lock().unwrap().clone()?;
+        let layer = placer.newest_layer()?;
+        let unavailable = self.unavailable.lock().unwrap().clone();
+        let chunk = ChunkId {
+            volume_id: self.volume_id,
+            index,
+        };
+        let replicas = placer
+            .place(
+                chunk,
+                layer,
+                self.spec.mode,
+                self.spec.replicas as usize,
+                &|id| unavailable.contains(&id),
+            )
+            .ok()?;
+        Some(Proposal {
+            epoch: placer.epoch(),
+            layer,
+            replicas,
+        })
     }
 
     /// Takes in placements from the master: a newer view replaces what this writer
@@ -214,11 +275,13 @@ impl ReplicatedChunks {
     }
 
     async fn allocate(&self, index: u64) -> Result<(), IoError> {
+        let proposal = self.propose(index);
         let reply = self
             .master
             .call(ControlRequest::AllocateChunk {
                 volume_id: self.volume_id,
                 index,
+                proposal: proposal.clone(),
             })
             .await
             .map_err(io_error)?;
@@ -227,14 +290,19 @@ impl ReplicatedChunks {
                 "master answered allocation with {reply:?}"
             )));
         };
+        let agreed = proposal
+            .is_some_and(|p| (p.layer, &p.replicas) == (placement.layer, &placement.replicas));
         self.absorb(vec![placement], servers);
+        if !agreed {
+            self.refresh().await;
+        }
         Ok(())
     }
 
     /// Re-reads the volume map from the master.
     async fn refresh(&self) {
         match self.master.volume_map(&self.volume_name).await {
-            Ok(map) => self.absorb(map.chunks, map.servers),
+            Ok(map) => self.absorb_map(map),
             Err(e) => tracing::warn!("cannot refresh the volume map: {e}"),
         }
     }

@@ -11,16 +11,19 @@
 //! chunk/VOLUME/INDEX      ChunkPlacement: replicas (primary first), view, stale replicas
 //! lease/VOLUME            the volume's last lease: generation and holder
 //! deleted/VOLUME          tombstone: chunk servers drop this volume's chunks
+//! map                     the cluster map (see [`map`])
 //! counter/server, counter/volume, counter/lease   last id handed out
 //! ```
 
+mod map;
 pub mod recovery;
 
 use floe_metadata::{MetaStore, Op};
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
-    ChunkId, ChunkPlacement, ClusterStatus, ConnectionPool, ControlRequest, ControlResponse,
-    Request, Response, ServerId, ServerInfo, Status, Volume, VolumeMap, VolumeSpec,
+    ChunkPlacement, ClusterMap, ClusterStatus, ConnectionPool, ControlRequest, ControlResponse,
+    PlacementMode, Proposal, Request, Response, ServerId, ServerInfo, Status, Volume, VolumeMap,
+    VolumeSpec,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -54,6 +57,30 @@ pub(crate) struct State {
     last_server_id: u64,
     last_volume_id: u64,
     last_lease: u64,
+    map: map::MapState,
+    /// Bumped by every stored placement: cached views of the placements compare it.
+    placement_changes: u64,
+}
+
+/// How the master places chunks and how hard it may work at moving them.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Repairs after failures.
+    pub recovery: recovery::Limits,
+    /// Moves to where the cluster map places chunks (after an expansion or a remap).
+    pub moves: recovery::Limits,
+    /// For a new cluster; an existing one keeps the mode its map has.
+    pub placement: PlacementMode,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            recovery: recovery::Limits::default(),
+            moves: recovery::Limits::MOVES,
+            placement: PlacementMode::default(),
+        }
+    }
 }
 
 pub struct Master {
@@ -65,11 +92,12 @@ pub struct Master {
     /// Connections to chunk servers, for recovery and scrub.
     peers: ConnectionPool,
     recovery: recovery::Progress,
+    moves: recovery::Progress,
 }
 
-type Reply = Result<ControlResponse, (Status, String)>;
+pub(crate) type Reply = Result<ControlResponse, (Status, String)>;
 
-fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+pub(crate) fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("metadata serializes")
 }
 
@@ -85,16 +113,13 @@ fn server_key(id: ServerId) -> String {
     format!("server/{id:08}")
 }
 
-fn store_failed(e: floe_metadata::MetaError) -> (Status, String) {
+pub(crate) fn store_failed(e: floe_metadata::MetaError) -> (Status, String) {
     (Status::Unavailable, e.to_string())
 }
 
 impl Master {
     /// Loads the cluster state from the metadata store.
-    pub async fn load(
-        store: Box<dyn MetaStore>,
-        limits: recovery::Limits,
-    ) -> Result<Master, String> {
+    pub async fn load(store: Box<dyn MetaStore>, settings: Settings) -> Result<Master, String> {
         let corrupt =
             |key: &str, e: serde_json::Error| format!("metadata key {key} is corrupt: {e}");
         let mut state = State {
@@ -107,6 +132,8 @@ impl Master {
             last_server_id: 0,
             last_volume_id: 0,
             last_lease: 0,
+            map: map::MapState::load(None, settings.placement)?,
+            placement_changes: 0,
         };
         let scan = |prefix: &'static str| store.scan_prefix(prefix);
         for (key, value) in scan("server/").await.map_err(|e| e.to_string())? {
@@ -162,12 +189,25 @@ impl Master {
                 _ => {}
             }
         }
-        Ok(Master {
+        if let Some(raw) = store.get(map::MAP_KEY).await.map_err(|e| e.to_string())? {
+            let stored: ClusterMap =
+                serde_json::from_slice(&raw).map_err(|e| corrupt(map::MAP_KEY, e))?;
+            state.map = map::MapState::load(Some(stored), settings.placement)?;
+        }
+        let master = Master {
             store,
             state: Mutex::new(state),
             peers: ConnectionPool::default(),
-            recovery: recovery::Progress::new(limits),
-        })
+            recovery: recovery::Progress::new(settings.recovery),
+            moves: recovery::Progress::new(settings.moves),
+        };
+        // Chunks allocated before the cluster map existed belong to its first layer.
+        let mut state = master.state.lock().await;
+        if !state.chunks.is_empty() {
+            master.bootstrap_map(&mut state).await.map_err(|(_, e)| e)?;
+        }
+        drop(state);
+        Ok(master)
     }
 
     async fn control(&self, request: ControlRequest) -> Reply {
@@ -259,6 +299,7 @@ impl Master {
                     volume,
                     chunks,
                     servers: state.servers.values().cloned().collect(),
+                    cluster: state.map.map.clone(),
                 }))
             }
             ControlRequest::ResizeVolume { name, size_bytes } => {
@@ -314,14 +355,25 @@ impl Master {
                 tracing::info!(%name, "volume deleted");
                 Ok(ControlResponse::Done)
             }
-            ControlRequest::AllocateChunk { volume_id, index } => {
-                self.allocate_chunk(&mut state, volume_id, index).await
+            ControlRequest::AllocateChunk {
+                volume_id,
+                index,
+                proposal,
+            } => {
+                self.allocate_chunk(&mut state, volume_id, index, proposal)
+                    .await
             }
-            ControlRequest::Status => Ok(ControlResponse::Status(ClusterStatus {
+            request @ (ControlRequest::GetClusterMap
+            | ControlRequest::ExpandCluster { .. }
+            | ControlRequest::RemapPg { .. }
+            | ControlRequest::ShrinkLayer { .. }
+            | ControlRequest::MergeLayers { .. }) => self.map_request(&mut state, request).await,
+            ControlRequest::Status => Ok(ControlResponse::Status(Box::new(ClusterStatus {
                 servers: state.servers.values().cloned().collect(),
                 volumes: state.volume_list(),
                 recovery: self.recovery.status(&state),
-            })),
+                rebalance: recovery::rebalance_status(self, &state),
+            }))),
             ControlRequest::AcquireLease { name, holder } => {
                 self.acquire_lease(&mut state, &name, holder).await
             }
@@ -409,6 +461,10 @@ impl Master {
                     .map_err(store_failed)?;
                 tracing::warn!(id, "chunk server marked lost by an operator");
                 state.servers.insert(id, server);
+                // Out of the map: CRUSH places its share elsewhere for good.
+                if state.map.placer.contains(id) && !state.map.map.out.contains(&id) {
+                    self.change_map(&mut state, |map| map.out.push(id)).await?;
+                }
                 Ok(ControlResponse::Done)
             }
             ControlRequest::Scrub { .. } => unreachable!("handled above"),
@@ -417,7 +473,8 @@ impl Master {
             | ControlRequest::LogSince { .. }
             | ControlRequest::Extents { .. }
             | ControlRequest::Repair { .. }
-            | ControlRequest::Checksum { .. } => Err((
+            | ControlRequest::Checksum { .. }
+            | ControlRequest::DropChunk { .. } => Err((
                 Status::BadRequest,
                 "this is the master; replica requests go to chunk servers".into(),
             )),
@@ -493,6 +550,7 @@ impl Master {
             .entry(volume_id)
             .or_default()
             .insert(placement.index, placement);
+        state.placement_changes += 1;
         Ok(())
     }
 
@@ -541,7 +599,13 @@ impl Master {
         Ok(ControlResponse::Volume(volume))
     }
 
-    async fn allocate_chunk(&self, state: &mut State, volume_id: u64, index: u64) -> Reply {
+    async fn allocate_chunk(
+        &self,
+        state: &mut State,
+        volume_id: u64,
+        index: u64,
+        proposal: Option<Proposal>,
+    ) -> Reply {
         let Some(volume) = state.volumes.values().find(|v| v.id == volume_id).cloned() else {
             return Err((
                 Status::NotFound,
@@ -560,16 +624,32 @@ impl Master {
         let placement = match state.placement(volume_id, index) {
             Some(placement) => placement,
             None => {
-                let chunk = ChunkId { volume_id, index };
-                let replicas =
-                    floe_placement::place(chunk, &state.usable(), volume.spec.replicas as usize)
-                        .map_err(|e| (Status::NoSpace, e.to_string()))?;
-                let placement = ChunkPlacement {
+                self.bootstrap_map(state).await?;
+                let layer = state.map.placer.newest_layer().ok_or((
+                    Status::NoSpace,
+                    "every layer of the cluster map was shrunk away".to_string(),
+                ))?;
+                let mut placement = ChunkPlacement {
                     index,
-                    replicas,
+                    replicas: Vec::new(),
                     view: 0,
                     stale: Vec::new(),
+                    layer,
                 };
+                placement.replicas = state.desired(volume_id, &placement)?;
+                // A writer on the same epoch computes the same; one that differs holds
+                // an older map (or saw other servers down) and refreshes it.
+                if let Some(p) = proposal.filter(|p| p.epoch == state.map.map.epoch) {
+                    if (p.layer, &p.replicas) != (layer, &placement.replicas) {
+                        tracing::debug!(
+                            volume_id,
+                            index,
+                            ?p,
+                            ?placement,
+                            "writer placed the chunk differently"
+                        );
+                    }
+                }
                 self.put_placement(state, volume_id, placement.clone())
                     .await?;
                 placement
@@ -596,15 +676,6 @@ impl State {
     /// Where an allocated chunk's replicas are.
     pub(crate) fn placement(&self, volume_id: u64, index: u64) -> Option<ChunkPlacement> {
         self.chunks.get(&volume_id)?.get(&index).cloned()
-    }
-
-    /// Servers new replicas may go to.
-    pub(crate) fn usable(&self) -> Vec<ServerInfo> {
-        self.servers
-            .values()
-            .filter(|s| s.up && !s.lost)
-            .cloned()
-            .collect()
     }
 
     pub(crate) fn servers_of(&self, placement: &ChunkPlacement) -> Vec<ServerInfo> {
@@ -662,16 +733,12 @@ impl Handler for Master {
 }
 
 /// Serves the master on `listener` over the metadata store at `metadata` (see
-/// `floe_metadata::open`), repairing chunks within `limits`.
-pub async fn run(
-    listener: TcpListener,
-    metadata: &str,
-    limits: recovery::Limits,
-) -> Result<(), String> {
+/// `floe_metadata::open`), repairing and moving chunks within `settings`.
+pub async fn run(listener: TcpListener, metadata: &str, settings: Settings) -> Result<(), String> {
     let store = floe_metadata::open(metadata)
         .await
         .map_err(|e| e.to_string())?;
-    let master = Arc::new(Master::load(store, limits).await?);
+    let master = Arc::new(Master::load(store, settings).await?);
     tokio::spawn(recovery::run(master.clone()));
     tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, %metadata, "master serving");
     server::serve(listener, master)

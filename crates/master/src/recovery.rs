@@ -1,20 +1,23 @@
-//! Failure handling: view changes that bring chunks back to full redundancy (URSA
-//! section 4.2.2), and scrub.
+//! View changes that bring chunks back to full redundancy after failures (URSA
+//! section 4.2.2) and move them to where the cluster map places them (Strata's
+//! rebalance: add the new replica, resync it, switch, remove the old one), and scrub.
 //!
 //! Every second the master looks for degraded chunks: a replica on a chunk server that
-//! stopped heartbeating (or was marked lost), or a replica a writer reported lagging.
-//! For each, at most [`Limits::concurrency`] at a time:
-//! 1. a replacement is chosen for each failed replica (another host, same device class
-//!    preferred), and every target (replacements, laggards) pulls from the most
-//!    recent good replica while writes continue: incremental when the source's
-//!    journal lite reaches back, a whole copy otherwise, at most
-//!    [`Limits::bytes_per_second`];
+//! stopped heartbeating (or was marked lost), or a replica a writer reported lagging;
+//! then, with what is left of the move budget, for healthy chunks the map places
+//! elsewhere (after `floe cluster expand` in crush mode, a remap, shrink or merge, or
+//! when a failed server returns). For each, at most [`Limits::concurrency`] at a time:
+//! 1. the map gives the new replica set, around servers that are down or lost, and
+//!    every target (new replicas, laggards) pulls from the most recent good replica
+//!    while writes continue: incremental when the source's journal lite reaches back,
+//!    a whole copy otherwise, at most [`Limits::bytes_per_second`];
 //! 2. the replicas are moved to view + 1 (they then refuse the writer's changes until
 //!    it refreshes its map) and report their versions; with a majority answering, the
 //!    highest version is the chunk's state;
 //! 3. every replica of the new set below it catches up incrementally (little is left
 //!    after step 1), and the new replica set and view are stored. The writer then
-//!    resends what was refused, and replicas skip what they already hold.
+//!    resends what was refused, and replicas skip what they already hold;
+//! 4. replicas left out of the new set free their data.
 //!
 //! When fewer than a majority of a chunk's replicas answer, the highest version seen
 //! might miss acknowledged writes, so the chunk waits for an operator to declare
@@ -24,8 +27,8 @@
 use crate::{Master, State};
 use floe_protocol::connection::CallError;
 use floe_protocol::{
-    ChunkId, ChunkPlacement, ControlRequest, ControlResponse, RecoveryStatus, Request, Response,
-    ScrubReport, ServerId, ServerInfo, Status,
+    ChunkId, ChunkPlacement, ControlRequest, ControlResponse, RebalanceStatus, RecoveryStatus,
+    Request, Response, ScrubReport, ServerId, ServerInfo, Status,
 };
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -48,6 +51,14 @@ impl Default for Limits {
         }
     }
 }
+
+impl Limits {
+    /// Moves are not urgent: they yield more to client I/O than repairs do.
+    pub const MOVES: Limits = Limits {
+        concurrency: 1,
+        bytes_per_second: 50 << 20,
+    };
+}
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// Bounds on one request to a chunk server; a repair copies up to a whole chunk.
 const ASK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,6 +76,10 @@ pub(crate) struct Progress {
 #[derive(Default)]
 struct Counters {
     in_progress: HashSet<(u64, u64)>,
+    /// Healthy chunks the map places elsewhere (moves only), and the state they were
+    /// computed for: (map epoch, placement changes, servers up).
+    misplaced: Vec<(u64, u64)>,
+    misplaced_for: Option<(u64, u64, Vec<ServerId>)>,
     repaired: u64,
     incremental: u64,
     full: u64,
@@ -139,46 +154,125 @@ impl Progress {
             .sum();
         status.bytes_per_second = window / RATE_WINDOW.as_secs();
         let repairable = status.degraded_chunks - status.waiting_for_operator;
-        if repairable > 0 && c.repaired > 0 {
-            let per_chunk = c.busy_seconds / c.repaired as f64;
-            status.eta_seconds = Some(
-                (per_chunk * repairable as f64 / self.limits.concurrency as f64).ceil() as u64,
-            );
-        }
         status.last_error = c.last_error.clone();
+        drop(c);
+        if repairable > 0 && status.repaired_chunks > 0 {
+            status.eta_seconds = Some(self.eta(repairable));
+        }
         status
+    }
+
+    /// Seconds to handle `chunks` more chunks at the pace so far.
+    fn eta(&self, chunks: u64) -> u64 {
+        let c = self.counters.lock().unwrap();
+        let per_chunk = c.busy_seconds / c.repaired.max(1) as f64;
+        (per_chunk * chunks as f64 / self.limits.concurrency.max(1) as f64).ceil() as u64
     }
 }
 
-/// Scans for degraded chunks and repairs them, forever.
+/// Which budget a job runs under.
+#[derive(Clone, Copy)]
+enum Kind {
+    Repair,
+    Move,
+}
+
+impl Master {
+    fn progress(&self, kind: Kind) -> &Progress {
+        match kind {
+            Kind::Repair => &self.recovery,
+            Kind::Move => &self.moves,
+        }
+    }
+}
+
+/// The healthy chunks the map places elsewhere, recomputed only when the map, a
+/// placement or the set of live servers changed.
+fn misplaced(master: &Master, state: &State) -> Vec<(u64, u64)> {
+    let up: Vec<ServerId> = state
+        .servers
+        .values()
+        .filter(|s| s.up && !s.lost)
+        .map(|s| s.id)
+        .collect();
+    let key = (state.map.map.epoch, state.placement_changes, up);
+    let mut c = master.moves.counters.lock().unwrap();
+    if c.misplaced_for.as_ref() != Some(&key) {
+        c.misplaced = state
+            .chunks
+            .iter()
+            .flat_map(|(volume_id, chunks)| chunks.values().map(move |p| (*volume_id, p)))
+            .filter(|(volume_id, p)| {
+                matches!(health(state, p), Health::Healthy)
+                    && state
+                        .desired(*volume_id, p)
+                        .is_ok_and(|want| want != p.replicas)
+            })
+            .map(|(volume_id, p)| (volume_id, p.index))
+            .collect();
+        c.misplaced_for = Some(key);
+    }
+    c.misplaced.clone()
+}
+
+/// For `floe status`: the map and the moves towards it.
+pub(crate) fn rebalance_status(master: &Master, state: &State) -> RebalanceStatus {
+    let misplaced = misplaced(master, state).len() as u64;
+    let moves = master.moves.status(state);
+    let layers = state.map.placer.layers();
+    RebalanceStatus {
+        mode: state.map.map.mode,
+        epoch: state.map.map.epoch,
+        layers: layers.iter().filter(|l| !l.removed).count() as u32,
+        pending_servers: state.pending_servers().len() as u32,
+        misplaced_chunks: misplaced,
+        moving: moves.in_progress,
+        moved_chunks: moves.repaired_chunks,
+        bytes_moved: moves.bytes_copied,
+        bytes_per_second: moves.bytes_per_second,
+        eta_seconds: (misplaced > 0 && moves.repaired_chunks > 0)
+            .then(|| master.moves.eta(misplaced)),
+        last_error: moves.last_error,
+    }
+}
+
+/// Scans for degraded chunks and repairs them, then for misplaced ones and moves
+/// them, forever.
 pub async fn run(master: Arc<Master>) {
     let mut tick = tokio::time::interval(SCAN_INTERVAL);
     loop {
         tick.tick().await;
-        let jobs: Vec<(u64, u64)> = {
+        let jobs: Vec<(Kind, (u64, u64))> = {
             let mut state = master.state.lock().await;
             state.refresh_liveness();
-            let counters = master.recovery.counters.lock().unwrap();
-            let free = master
-                .recovery
-                .limits
-                .concurrency
-                .saturating_sub(counters.in_progress.len());
-            state
+            let busy: HashSet<(u64, u64)> = [&master.recovery, &master.moves]
+                .iter()
+                .flat_map(|p| p.counters.lock().unwrap().in_progress.clone())
+                .collect();
+            let free = |kind: Kind| {
+                let progress = master.progress(kind);
+                let running = progress.counters.lock().unwrap().in_progress.len();
+                progress.limits.concurrency.saturating_sub(running)
+            };
+            let degraded = state
                 .chunks
                 .iter()
                 .flat_map(|(volume_id, chunks)| chunks.values().map(move |p| (*volume_id, p)))
-                .filter(|(volume_id, p)| {
-                    matches!(health(&state, p), Health::Degraded)
-                        && !counters.in_progress.contains(&(*volume_id, p.index))
-                })
+                .filter(|(_, p)| matches!(health(&state, p), Health::Degraded))
                 .map(|(volume_id, p)| (volume_id, p.index))
-                .take(free)
-                .collect()
+                .filter(|job| !busy.contains(job))
+                .take(free(Kind::Repair))
+                .map(|job| (Kind::Repair, job));
+            let moves = misplaced(&master, &state)
+                .into_iter()
+                .filter(|job| !busy.contains(job))
+                .take(free(Kind::Move))
+                .map(|job| (Kind::Move, job));
+            degraded.chain(moves).collect()
         };
-        for job in jobs {
+        for (kind, job) in jobs {
             master
-                .recovery
+                .progress(kind)
                 .counters
                 .lock()
                 .unwrap()
@@ -187,8 +281,9 @@ pub async fn run(master: Arc<Master>) {
             let master = master.clone();
             tokio::spawn(async move {
                 let started = Instant::now();
-                let result = recover(&master, job.0, job.1).await;
-                let mut c = master.recovery.counters.lock().unwrap();
+                let limits = master.progress(kind).limits;
+                let result = recover(&master, job.0, job.1, limits.bytes_per_second).await;
+                let mut c = master.progress(kind).counters.lock().unwrap();
                 c.in_progress.remove(&job);
                 match result {
                     Ok(copied) => {
@@ -268,13 +363,14 @@ impl Master {
         target: &ServerInfo,
         source: &ServerInfo,
         full: bool,
+        bytes_per_second: u64,
         copied: &mut Copied,
     ) -> Result<u64, Failure> {
         let request = ControlRequest::Repair {
             chunk,
             source: source.address.clone(),
             full,
-            bytes_per_second: self.recovery.limits.bytes_per_second,
+            bytes_per_second,
         };
         match self.ask(&target.address, request).await {
             Ok(ControlResponse::Repaired {
@@ -302,74 +398,21 @@ impl Master {
     }
 }
 
-/// Picks a server for a new replica of `chunk`: up, not already holding it, on a host
-/// none of `keep` is on, of `class` if one is available.
-fn replacement(
-    state: &State,
-    chunk: ChunkId,
-    keep: &[ServerId],
-    class: floe_protocol::DeviceClass,
-) -> Option<ServerId> {
-    let hosts: HashSet<&str> = keep
-        .iter()
-        .filter_map(|id| state.servers.get(id))
-        .map(|s| s.host.as_str())
-        .collect();
-    let candidates: Vec<ServerInfo> = state
-        .usable()
-        .into_iter()
-        .filter(|s| !keep.contains(&s.id) && !hosts.contains(s.host.as_str()))
-        .collect();
-    let same_class: Vec<ServerInfo> = candidates
-        .iter()
-        .filter(|s| s.class == class)
-        .cloned()
-        .collect();
-    let pool = if same_class.is_empty() {
-        candidates
-    } else {
-        same_class
-    };
-    floe_placement::place(chunk, &pool, 1)
-        .ok()?
-        .first()
-        .copied()
-}
-
 /// One view change for one chunk (see the module comment).
-async fn recover(master: &Master, volume_id: u64, index: u64) -> Result<Copied, Failure> {
+async fn recover(
+    master: &Master,
+    volume_id: u64,
+    index: u64,
+    bytes_per_second: u64,
+) -> Result<Copied, Failure> {
     let chunk = ChunkId { volume_id, index };
     let (placement, servers, new_set) = {
         let state = master.state.lock().await;
         let placement = state
             .placement(volume_id, index)
             .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
-        let mut new_set = placement.replicas.clone();
-        for (i, id) in placement.replicas.iter().enumerate() {
-            let Some(server) = state.servers.get(id) else {
-                continue;
-            };
-            if server.up && !server.lost {
-                continue;
-            }
-            let keep: Vec<ServerId> = new_set
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, id)| *id)
-                .collect();
-            match replacement(&state, chunk, &keep, server.class) {
-                Some(new) => new_set[i] = new,
-                None => {
-                    return Err((
-                        Status::NoSpace,
-                        format!("no live chunk server on another host can replace server {id}"),
-                    ))
-                }
-            }
-        }
-        let servers = state.servers.clone();
-        (placement, servers, new_set)
+        let new_set = state.desired(volume_id, &placement)?;
+        (placement, state.servers.clone(), new_set)
     };
     let up = |id: &ServerId| servers.get(id).is_some_and(|s| s.up && !s.lost);
     let lost = placement
@@ -419,7 +462,7 @@ async fn recover(master: &Master, volume_id: u64, index: u64) -> Result<Copied, 
         .ok_or((Status::Unavailable, "no good replica answered".to_string()))?;
     for target in &targets {
         master
-            .repair_from(chunk, target, source, false, &mut copied)
+            .repair_from(chunk, target, source, false, bytes_per_second, &mut copied)
             .await?;
     }
 
@@ -469,7 +512,7 @@ async fn recover(master: &Master, volume_id: u64, index: u64) -> Result<Copied, 
     for (server, version) in &answered {
         if *version < top && new_set.contains(&server.id) {
             let reached = master
-                .repair_from(chunk, server, source, false, &mut copied)
+                .repair_from(chunk, server, source, false, bytes_per_second, &mut copied)
                 .await?;
             if reached != top {
                 return Err((
@@ -499,33 +542,47 @@ async fn recover(master: &Master, volume_id: u64, index: u64) -> Result<Copied, 
     if current.replicas != placement.replicas {
         return Err((Status::Unavailable, "placement changed meanwhile".into()));
     }
-    let replaced: Vec<(ServerId, ServerId)> = placement
-        .replicas
-        .iter()
-        .zip(&new_set)
-        .filter(|(a, b)| a != b)
-        .map(|(a, b)| (*a, *b))
-        .collect();
     master
         .put_placement(
             &mut state,
             volume_id,
             ChunkPlacement {
-                index,
-                replicas: new_set,
+                replicas: new_set.clone(),
                 view,
                 stale: Vec::new(),
+                ..placement.clone()
             },
         )
         .await?;
+    drop(state);
     tracing::info!(
         volume_id,
         index,
         view,
         version = top,
-        ?replaced,
-        "chunk back to full redundancy"
+        from = ?placement.replicas,
+        to = ?new_set,
+        "chunk has all its replicas where the map places them"
     );
+
+    // 5. The replicas left out free their data (one that is down keeps it: nothing
+    // reads it, as no map lists it).
+    for left in placement.replicas.iter().filter(|id| !new_set.contains(id)) {
+        let Some(server) = servers.get(left).filter(|s| s.up && !s.lost) else {
+            continue;
+        };
+        if let Err(e) = master
+            .ask(&server.address, ControlRequest::DropChunk { chunk, view })
+            .await
+        {
+            tracing::warn!(
+                volume_id,
+                index,
+                server = left,
+                "replica left out not freed: {e}"
+            );
+        }
+    }
     Ok(copied)
 }
 
@@ -620,8 +677,16 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
             );
             tracing::warn!("scrub: {detail}");
             report.details.push(detail);
+            let rate = master.recovery.limits.bytes_per_second;
             let repaired = master
-                .repair_from(chunk, members[i], members[authority], true, &mut copied)
+                .repair_from(
+                    chunk,
+                    members[i],
+                    members[authority],
+                    true,
+                    rate,
+                    &mut copied,
+                )
                 .await
                 .is_ok()
                 && matches!(

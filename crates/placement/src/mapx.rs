@@ -90,6 +90,17 @@ pub struct Mapx {
 
 const ROOT: i32 = -1;
 
+/// The hash that spreads chunks over a layer's PGs (eq. 2), and over all PGs in plain
+/// CRUSH.
+pub fn chunk_hash(chunk: ChunkId) -> u32 {
+    hash4(
+        chunk.volume_id as u32,
+        (chunk.volume_id >> 32) as u32,
+        chunk.index as u32,
+        (chunk.index >> 32) as u32,
+    )
+}
+
 impl Mapx {
     /// An empty cluster whose hierarchy has `levels` (top down, e.g. `["rack", "host"]`)
     /// between the root and the devices, placing `replicas` replicas in distinct
@@ -152,8 +163,11 @@ impl Mapx {
                 )));
             }
         }
-        if pg_num == 0 || devices.is_empty() {
-            return Err(CrushError::new("a layer needs devices and at least one PG"));
+        // A layer without devices is allowed: the cluster map keeps one MAPX per device
+        // class, and an expansion may bring only one class. Its PGs then take every
+        // replica from older layers (Algorithm 1's backtracking).
+        if pg_num == 0 {
+            return Err(CrushError::new("a layer needs at least one PG"));
         }
         for device in &devices {
             if device.location.len() != self.levels.len() {
@@ -210,6 +224,12 @@ impl Mapx {
         l.pg_base..l.pg_base + l.init_pg_num
     }
 
+    /// (timestamp, shrunk away) of `layer`.
+    pub fn layer_state(&self, layer: LayerId) -> (u64, bool) {
+        let l = &self.layers[layer as usize];
+        (l.timestamp, l.removed)
+    }
+
     /// The layer a chunk created at `timestamp` belongs to: the latest layer not
     /// newer than it (what the master records, one byte per chunk).
     pub fn layer_at(&self, timestamp: u64) -> Option<LayerId> {
@@ -223,13 +243,7 @@ impl Mapx {
     /// chunk's creation layer j. Immutable: remaps, shrinks and merges never change it.
     pub fn pg_of_chunk(&self, chunk: ChunkId, creation_layer: LayerId) -> u32 {
         let layer = &self.layers[creation_layer as usize];
-        let hash = hash4(
-            chunk.volume_id as u32,
-            (chunk.volume_id >> 32) as u32,
-            chunk.index as u32,
-            (chunk.index >> 32) as u32,
-        );
-        layer.pg_base + hash % layer.init_pg_num
+        layer.pg_base + chunk_hash(chunk) % layer.init_pg_num
     }
 
     /// The layer whose timestamp places `pg` now.
@@ -240,12 +254,17 @@ impl Mapx {
     /// Devices of `pg`, primary first. `reweights` are CRUSH reweights per device id
     /// (0 = out).
     pub fn map_pg(&self, pg: u32, reweights: &[u32]) -> Vec<i32> {
+        self.map_pg_n(pg, self.replicas, reweights)
+    }
+
+    /// [`Mapx::map_pg`] for `replicas` replicas instead of the map's own count.
+    pub fn map_pg_n(&self, pg: u32, replicas: usize, reweights: &[u32]) -> Vec<i32> {
         let timestamp = self.layers[self.pgs[pg as usize] as usize].timestamp;
         let params = Params::new(&self.map);
         let mut mapper = Mapper::new(&self.map, pg as i32, reweights);
         let leaf = self.failure_domain_type != 0;
-        let mut domains: Vec<Physical> = Vec::with_capacity(self.replicas);
-        let mut leaves: Vec<i32> = Vec::with_capacity(self.replicas);
+        let mut domains: Vec<Physical> = Vec::with_capacity(replicas);
+        let mut leaves: Vec<i32> = Vec::with_capacity(replicas);
         // Algorithm 1: the newest layer not newer than the PG, then older ones for the
         // replicas it could not place, never a layer twice.
         for group in self
@@ -253,7 +272,7 @@ impl Mapx {
             .iter()
             .filter(|g| g.timestamp <= timestamp && g.weight > 0)
         {
-            if leaves.len() == self.replicas {
+            if leaves.len() == replicas {
                 break;
             }
             let outpos = leaves.len();
@@ -261,14 +280,14 @@ impl Mapx {
                 .iter()
                 .map(|d| self.virtual_in(*d, group.representative))
                 .collect();
-            out.resize(self.replicas, 0);
+            out.resize(replicas, 0);
             let mut out_leaves = leaves.clone();
-            out_leaves.resize(self.replicas, 0);
+            out_leaves.resize(replicas, 0);
             let node = self.layers[group.representative as usize].node;
             let filled = mapper.firstn_after(
                 &params,
                 node,
-                self.replicas,
+                replicas,
                 self.failure_domain_type,
                 leaf,
                 &mut out,
@@ -490,7 +509,9 @@ impl Mapx {
                     items,
                 })?;
             }
-            root_items.push((node, group.weight.min(u32::MAX as u64) as u32));
+            if group.weight > 0 {
+                root_items.push((node, group.weight.min(u32::MAX as u64) as u32));
+            }
         }
         builder.add_bucket(BucketSpec {
             id: ROOT,

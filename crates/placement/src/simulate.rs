@@ -62,7 +62,7 @@ fn devices(
 
 /// The plain CRUSH map of `devices`: root -> racks -> hosts -> devices, and rule 0
 /// `chooseleaf firstn 0 type <failure_domain>`.
-fn crush_map(devices: &[Device], failure_domain: &str) -> Result<CrushMap, CrushError> {
+pub(crate) fn crush_map(devices: &[Device], failure_domain: &str) -> Result<CrushMap, CrushError> {
     let mut builder = MapBuilder::new(Tunables::jewel());
     for (id, name) in ["osd", "host", "rack", "root"].iter().enumerate() {
         builder.add_type(id as i32, name);

@@ -19,7 +19,9 @@ pub mod types;
 
 pub use connection::{Connection, ConnectionPool};
 pub use frame::{Frame, FrameError, Status};
-pub use message::{ControlRequest, ControlResponse, Request, Response};
+pub use message::{
+    ClusterMapInfo, ControlRequest, ControlResponse, LayerInfo, Proposal, Request, Response,
+};
 pub use types::*;
 
 /// Bumped on any incompatible change of frames or messages.

@@ -95,10 +95,38 @@ pub enum ControlRequest {
     DeleteVolume {
         name: String,
     },
-    /// Allocates a chunk on first write; idempotent.
+    /// Allocates a chunk on first write; idempotent. The writer proposes the
+    /// placement it computed from its cluster map; the master records its own (from
+    /// the same map when the epochs agree) and the writer refreshes its map if they
+    /// differ.
     AllocateChunk {
         volume_id: u64,
         index: u64,
+        #[serde(default)]
+        proposal: Option<Proposal>,
+    },
+    /// The cluster map and the servers not yet in it.
+    GetClusterMap,
+    /// Adds registered servers that are not in the map yet (all, or those on `hosts`)
+    /// as a new layer (mapx) or into the hierarchy (crush).
+    ExpandCluster {
+        #[serde(default)]
+        hosts: Vec<String>,
+    },
+    /// Points placement group `pg` at `layer` (mapx): its chunks move there.
+    RemapPg {
+        pg: u32,
+        layer: u8,
+    },
+    /// Moves every placement group off `layer` (mapx), in proportion to the other
+    /// layers' weights.
+    ShrinkLayer {
+        layer: u8,
+    },
+    /// Makes layers `a` and `b` one (mapx): their placement groups spread over both.
+    MergeLayers {
+        a: u8,
+        b: u8,
     },
     Status,
     /// Takes the single-writer lease of a volume (refused with `Busy` while another
@@ -166,6 +194,20 @@ pub enum ControlRequest {
         chunk: ChunkId,
         length: u64,
     },
+    /// The replica moved elsewhere in `view`: free its data, unless it has joined a
+    /// later view since.
+    DropChunk {
+        chunk: ChunkId,
+        view: u64,
+    },
+}
+
+/// A writer's placement of a new chunk, from the cluster map at `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub epoch: u64,
+    pub layer: u8,
+    pub replicas: Vec<ServerId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,7 +232,7 @@ pub enum ControlResponse {
         placement: ChunkPlacement,
         servers: Vec<ServerInfo>,
     },
-    Status(ClusterStatus),
+    Status(Box<ClusterStatus>),
     Done,
     Lease {
         generation: u32,
@@ -216,6 +258,31 @@ pub enum ControlResponse {
         crc: u32,
     },
     Scrub(ScrubReport),
+    ClusterMap(Box<ClusterMapInfo>),
+}
+
+/// The cluster map as `floe cluster map` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMapInfo {
+    pub map: ClusterMap,
+    /// Registered servers not in the map: `floe cluster expand` adds them.
+    pub pending: Vec<ServerInfo>,
+    /// Per layer (mapx) or for the whole map (crush): the placement groups placed
+    /// there now.
+    pub layers: Vec<LayerInfo>,
+}
+
+/// One layer of the cluster map as `floe cluster map` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerInfo {
+    pub id: u8,
+    pub devices: Vec<ServerId>,
+    /// Placement groups created with the layer (MAPX eq. 2), and placed in it now.
+    pub pgs_created: u32,
+    pub pgs_placed: u32,
+    pub removed: bool,
+    /// Layers merged into one share this.
+    pub timestamp: u64,
 }
 
 fn put_chunk(out: &mut BytesMut, chunk: ChunkId) {

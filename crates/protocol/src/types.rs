@@ -94,6 +94,46 @@ pub struct VolumeSpec {
     pub chunk_bytes: u64,
     pub stripe_unit_bytes: u64,
     pub stripe_count: u32,
+    /// Which device classes hold the replicas.
+    #[serde(default)]
+    pub mode: VolumeMode,
+}
+
+/// How a volume's replicas use the device classes (URSA section 3.2). A class that
+/// has too few hosts is filled in from the other, so a volume always gets its
+/// replicas on distinct hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeMode {
+    /// Every replica on `ssd`.
+    Ssd,
+    /// The primary on `ssd`, the backups on `hdd` (behind their journals).
+    #[default]
+    Hybrid,
+    /// Every replica on `hdd`.
+    Hdd,
+}
+
+impl std::str::FromStr for VolumeMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ssd" => Ok(VolumeMode::Ssd),
+            "hybrid" => Ok(VolumeMode::Hybrid),
+            "hdd" => Ok(VolumeMode::Hdd),
+            _ => Err(format!("volume mode {s:?} is not one of: ssd, hybrid, hdd")),
+        }
+    }
+}
+
+impl std::fmt::Display for VolumeMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            VolumeMode::Ssd => "ssd",
+            VolumeMode::Hybrid => "hybrid",
+            VolumeMode::Hdd => "hdd",
+        })
+    }
 }
 
 /// Volume defaults from DESIGN.md section 2.
@@ -184,6 +224,92 @@ pub struct ChunkPlacement {
     /// master has repaired them and bumped the view.
     #[serde(default)]
     pub stale: Vec<ServerId>,
+    /// The cluster-map layer the chunk was created in (MAPX: one byte per chunk); with
+    /// the chunk id it fixes the chunk's placement group for good.
+    #[serde(default)]
+    pub layer: u8,
+}
+
+/// How placement groups map to chunk servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementMode {
+    /// Plain CRUSH over every device: growth moves data.
+    Crush,
+    /// CRUSH under MAPX time layers: growth moves nothing.
+    #[default]
+    Mapx,
+}
+
+impl std::str::FromStr for PlacementMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "crush" => Ok(PlacementMode::Crush),
+            "mapx" => Ok(PlacementMode::Mapx),
+            _ => Err(format!("placement mode {s:?} is not one of: crush, mapx")),
+        }
+    }
+}
+
+impl std::fmt::Display for PlacementMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PlacementMode::Crush => "crush",
+            PlacementMode::Mapx => "mapx",
+        })
+    }
+}
+
+/// A chunk server as the cluster map knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapDevice {
+    pub id: ServerId,
+    pub host: String,
+    pub class: DeviceClass,
+    /// CRUSH weight, 16.16 fixed point.
+    pub weight: u32,
+}
+
+/// One change of the cluster map. Every process replays a map's changes in order to
+/// get the same placement (`floe_placement::cluster`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MapChange {
+    /// New devices: a new layer (mapx), or more of the one hierarchy (crush).
+    Expand { devices: Vec<MapDevice> },
+    /// Points a placement group at another layer.
+    Remap { pg: u32, layer: u8 },
+    /// Empties a layer, spreading its placement groups over the others by weight.
+    Shrink { layer: u8 },
+    /// Gives two layers one timestamp: they are then placed as one.
+    Merge { a: u8, b: u8 },
+}
+
+/// The versioned cluster map: who holds what is a function of it and of each chunk's
+/// id and creation layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    /// Bumped by every change; 0 while no device has joined.
+    pub epoch: u64,
+    pub mode: PlacementMode,
+    /// Placement groups each layer brings (MAPX's INIT_PG_NUM), or all of them in crush
+    /// mode.
+    pub pgs_per_layer: u32,
+    pub changes: Vec<MapChange>,
+    /// Devices declared lost: CRUSH reweight 0, so their data is placed elsewhere.
+    #[serde(default)]
+    pub out: Vec<ServerId>,
+}
+
+impl ClusterMap {
+    /// Every device that joined, in joining order.
+    pub fn devices(&self) -> impl Iterator<Item = &MapDevice> {
+        self.changes.iter().flat_map(|c| match c {
+            MapChange::Expand { devices } => devices.as_slice(),
+            _ => &[],
+        })
+    }
 }
 
 /// Everything a gateway needs to serve a volume.
@@ -192,6 +318,9 @@ pub struct VolumeMap {
     pub volume: Volume,
     pub chunks: Vec<ChunkPlacement>,
     pub servers: Vec<ServerInfo>,
+    /// The map new chunks are placed with.
+    #[serde(default)]
+    pub cluster: ClusterMap,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -200,6 +329,27 @@ pub struct ClusterStatus {
     pub volumes: Vec<Volume>,
     #[serde(default)]
     pub recovery: RecoveryStatus,
+    #[serde(default)]
+    pub rebalance: RebalanceStatus,
+}
+
+/// The cluster map and the replica moves that bring chunks to where it places them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebalanceStatus {
+    pub mode: PlacementMode,
+    pub epoch: u64,
+    /// Live layers (mapx), or 1 (crush).
+    pub layers: u32,
+    /// Registered servers not in the map yet.
+    pub pending_servers: u32,
+    /// Healthy chunks whose replicas are not where the map places them.
+    pub misplaced_chunks: u64,
+    pub moving: u64,
+    pub moved_chunks: u64,
+    pub bytes_moved: u64,
+    pub bytes_per_second: u64,
+    pub eta_seconds: Option<u64>,
+    pub last_error: Option<String>,
 }
 
 /// Redundancy and the master's repair work, for `floe status`.
@@ -249,6 +399,7 @@ mod tests {
             chunk_bytes: 64 << 20,
             stripe_unit_bytes: 64 << 10,
             stripe_count: 4,
+            mode: VolumeMode::Hybrid,
         };
         assert_eq!(spec(64 << 10).chunk_count(), 1);
         assert_eq!(spec(128 << 10).chunk_count(), 2);

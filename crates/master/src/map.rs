@@ -1,0 +1,208 @@
+//! The cluster map (DESIGN.md section 6): the devices by layer, the placement groups'
+//! layers, the placement mode, under one epoch. The master is the only writer; it
+//! hands the map to gateways with each volume map, and places chunks with it. Kept
+//! in the metadata store under `map`.
+//!
+//! Servers that register join the map only through `floe cluster expand` (a new MAPX
+//! layer: nothing existing moves), except when the map is still empty: the first
+//! chunk allocation puts every registered server into layer 0.
+
+use crate::{json, store_failed, Master, Reply, State};
+use floe_metadata::Op;
+use floe_placement::cluster::Placer;
+use floe_protocol::{
+    ChunkId, ChunkPlacement, ClusterMap, ClusterMapInfo, ControlRequest, ControlResponse,
+    MapChange, MapDevice, PlacementMode, ServerId, ServerInfo, Status,
+};
+use std::sync::Arc;
+
+pub(crate) const MAP_KEY: &str = "map";
+/// Placement groups per layer (MAPX's INIT_PG_NUM), or in all (crush): enough to
+/// spread chunks evenly over a few dozen servers.
+const PGS_PER_LAYER: u32 = 256;
+
+/// The map and its ready-to-use form.
+pub(crate) struct MapState {
+    pub(crate) map: ClusterMap,
+    pub(crate) placer: Arc<Placer>,
+}
+
+impl MapState {
+    /// The stored map, or an empty one in `mode`. A stored map keeps its mode: changing
+    /// it would move every chunk.
+    pub(crate) fn load(stored: Option<ClusterMap>, mode: PlacementMode) -> Result<Self, String> {
+        let map = match stored {
+            Some(map) if map.epoch > 0 && map.mode != mode => {
+                return Err(format!(
+                    "the cluster map is in placement mode {} (epoch {}); starting the master with --placement {mode} would move every chunk. Start it with --placement {}",
+                    map.mode, map.epoch, map.mode
+                ))
+            }
+            Some(map) => map,
+            None => ClusterMap {
+                epoch: 0,
+                mode,
+                pgs_per_layer: PGS_PER_LAYER,
+                changes: Vec::new(),
+                out: Vec::new(),
+            },
+        };
+        let placer = Arc::new(Placer::new(&map).map_err(|e| e.to_string())?);
+        Ok(MapState { map, placer })
+    }
+}
+
+/// How a server joins the map: CRUSH weight 1.0 per TiB, as Ceph does.
+fn map_device(server: &ServerInfo) -> MapDevice {
+    MapDevice {
+        id: server.id,
+        host: server.host.clone(),
+        class: server.class,
+        weight: (server.capacity_bytes >> 24).clamp(1, u32::MAX as u64) as u32,
+    }
+}
+
+impl State {
+    /// Registered servers the map does not hold yet.
+    pub(crate) fn pending_servers(&self) -> Vec<ServerInfo> {
+        self.servers
+            .values()
+            .filter(|s| !s.lost && !self.map.placer.contains(s.id))
+            .cloned()
+            .collect()
+    }
+
+    /// Where the map places `placement`'s chunk now, around servers that are down or
+    /// lost.
+    pub(crate) fn desired(
+        &self,
+        volume_id: u64,
+        placement: &ChunkPlacement,
+    ) -> Result<Vec<ServerId>, (Status, String)> {
+        let volume = self
+            .volumes
+            .values()
+            .find(|v| v.id == volume_id)
+            .ok_or((Status::NotFound, format!("volume id {volume_id} is gone")))?;
+        let unavailable = |id: ServerId| self.servers.get(&id).is_none_or(|s| !s.up || s.lost);
+        self.map
+            .placer
+            .place(
+                ChunkId {
+                    volume_id,
+                    index: placement.index,
+                },
+                placement.layer,
+                volume.spec.mode,
+                volume.spec.replicas as usize,
+                &unavailable,
+            )
+            .map_err(|e| (Status::NoSpace, e.to_string()))
+    }
+}
+
+impl Master {
+    /// Applies `change` as the next epoch, after checking that the map still places.
+    pub(crate) async fn change_map(
+        &self,
+        state: &mut State,
+        change: impl FnOnce(&mut ClusterMap),
+    ) -> Result<(), (Status, String)> {
+        let mut map = state.map.map.clone();
+        change(&mut map);
+        map.epoch += 1;
+        let placer = Placer::new(&map).map_err(|e| (Status::BadRequest, e.to_string()))?;
+        self.store
+            .apply(vec![Op::Put {
+                key: MAP_KEY.into(),
+                value: json(&map),
+            }])
+            .await
+            .map_err(store_failed)?;
+        tracing::info!(epoch = map.epoch, change = ?map.changes.last(), "cluster map changed");
+        state.map = MapState {
+            map,
+            placer: Arc::new(placer),
+        };
+        Ok(())
+    }
+
+    /// Puts every registered server into the first layer, once.
+    pub(crate) async fn bootstrap_map(&self, state: &mut State) -> Result<(), (Status, String)> {
+        if state.map.map.epoch > 0 {
+            return Ok(());
+        }
+        let devices: Vec<MapDevice> = state.pending_servers().iter().map(map_device).collect();
+        if devices.is_empty() {
+            return Err((
+                Status::NoSpace,
+                "no chunk server has registered: start chunk servers first".into(),
+            ));
+        }
+        self.change_map(state, |map| map.changes.push(MapChange::Expand { devices }))
+            .await
+    }
+
+    /// `floe cluster map|expand`, `floe pg remap`, `floe layer shrink|merge`.
+    pub(crate) async fn map_request(&self, state: &mut State, request: ControlRequest) -> Reply {
+        let mapx_only = |what: &str| -> Result<(), (Status, String)> {
+            if state.map.map.mode == PlacementMode::Crush {
+                return Err((
+                    Status::BadRequest,
+                    format!(
+                        "{what} needs placement mode mapx; this cluster places with plain crush"
+                    ),
+                ));
+            }
+            Ok(())
+        };
+        match request {
+            ControlRequest::GetClusterMap => {}
+            ControlRequest::ExpandCluster { hosts } => {
+                let devices: Vec<MapDevice> = state
+                    .pending_servers()
+                    .iter()
+                    .filter(|s| hosts.is_empty() || hosts.contains(&s.host))
+                    .map(map_device)
+                    .collect();
+                if devices.is_empty() {
+                    return Err((
+                        Status::BadRequest,
+                        if hosts.is_empty() {
+                            "every registered chunk server is already in the cluster map: start the new servers first".to_string()
+                        } else {
+                            format!(
+                                "no registered chunk server outside the map is on hosts {hosts:?}"
+                            )
+                        },
+                    ));
+                }
+                self.change_map(state, |map| map.changes.push(MapChange::Expand { devices }))
+                    .await?;
+            }
+            ControlRequest::RemapPg { pg, layer } => {
+                mapx_only("pg remap")?;
+                self.change_map(state, |map| {
+                    map.changes.push(MapChange::Remap { pg, layer })
+                })
+                .await?;
+            }
+            ControlRequest::ShrinkLayer { layer } => {
+                mapx_only("layer shrink")?;
+                self.change_map(state, |map| map.changes.push(MapChange::Shrink { layer }))
+                    .await?;
+            }
+            ControlRequest::MergeLayers { a, b } => {
+                mapx_only("layer merge")?;
+                self.change_map(state, |map| map.changes.push(MapChange::Merge { a, b }))
+                    .await?;
+            }
+            other => unreachable!("not a map request: {other:?}"),
+        }
+        Ok(ControlResponse::ClusterMap(Box::new(ClusterMapInfo {
+            map: state.map.map.clone(),
+            pending: state.pending_servers(),
+            layers: state.map.placer.layers(),
+        })))
+    }
+}
