@@ -26,6 +26,8 @@ pub struct Cluster {
     pub dir: PathBuf,
     pub port: u16,
     pub metadata: Option<String>,
+    /// Extra `floe demo` arguments, kept for restarts.
+    args: Vec<String>,
     demo: Option<Child>,
     pub info: DemoFile,
 }
@@ -51,6 +53,16 @@ impl Cluster {
     }
 
     pub fn start_on(dir: &Path, port: u16, metadata: Option<String>) -> Cluster {
+        Cluster::start_with(dir, port, metadata, Vec::new())
+    }
+
+    /// Starts a demo cluster with extra `floe demo` arguments.
+    pub fn start_with(
+        dir: &Path,
+        port: u16,
+        metadata: Option<String>,
+        args: Vec<String>,
+    ) -> Cluster {
         let mut command = Command::new(FLOE);
         command
             .args(["demo", "--dir"])
@@ -58,6 +70,7 @@ impl Cluster {
             .args(["--port", &port.to_string()])
             .args(["--nbd-port", &(port + PORTS_PER_CLUSTER - 1).to_string()])
             .args(["--size", "1G"])
+            .args(&args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(m) = &metadata {
@@ -85,6 +98,7 @@ impl Cluster {
             dir: dir.to_path_buf(),
             port,
             metadata,
+            args,
             demo: Some(demo),
             info,
         }
@@ -107,7 +121,12 @@ impl Cluster {
     /// Stops the cluster and starts it again on the same directory and ports.
     pub fn restart(&mut self) {
         self.stop();
-        let again = Cluster::start_on(&self.dir, self.port, self.metadata.clone());
+        let again = Cluster::start_with(
+            &self.dir,
+            self.port,
+            self.metadata.clone(),
+            self.args.clone(),
+        );
         *self = again;
     }
 
@@ -115,12 +134,23 @@ impl Cluster {
     /// inspects the data directories in between).
     pub fn start_again(&mut self) {
         assert!(self.demo.is_none(), "cluster still running");
-        *self = Cluster::start_on(&self.dir, self.port, self.metadata.clone());
+        *self = Cluster::start_with(
+            &self.dir,
+            self.port,
+            self.metadata.clone(),
+            self.args.clone(),
+        );
     }
 
-    /// Polls `floe status` until no chunk is degraded; how long that took.
+    /// Polls `floe status` until no chunk is degraded and none waits to move back to
+    /// where the map places it (a returning server gets its replicas back); how long
+    /// that took.
     pub fn wait_for_redundancy(&self, timeout: Duration) -> Duration {
-        self.wait_for_status("every chunk has all its replicas", timeout)
+        let started = Instant::now();
+        self.wait_for_status("every chunk has all its replicas", timeout);
+        self.wait_for_status("every chunk is where the map places it", timeout);
+        self.wait_for_status("every chunk has all its replicas", timeout);
+        started.elapsed()
     }
 
     /// Polls `floe status` until its output contains `text`; how long that took.

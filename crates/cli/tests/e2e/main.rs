@@ -6,6 +6,7 @@ mod clients;
 mod cluster;
 mod crash;
 mod etcd;
+mod expand;
 mod ext4;
 mod failover;
 mod fencing;
