@@ -158,10 +158,10 @@ enum VolumeCommand {
 #[derive(clap::Args)]
 struct QosArgs {
     /// Requests per second (0 or `unlimited`: no limit).
-    #[arg(long, allow_negative_numbers = true, value_parser = admin::parse_iops)]
+    #[arg(long, allow_hyphen_values = true, value_parser = admin::parse_iops)]
     iops: Option<u64>,
     /// Bytes per second, e.g. 100M (binary units; 0 or `unlimited`: no limit).
-    #[arg(long, allow_negative_numbers = true, value_parser = admin::parse_bandwidth)]
+    #[arg(long, allow_hyphen_values = true, value_parser = admin::parse_bandwidth)]
     bandwidth: Option<u64>,
 }
 
