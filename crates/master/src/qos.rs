@@ -190,6 +190,30 @@ mod tests {
         );
     }
 
+    /// Metadata and peers from before rate limits still parse.
+    #[test]
+    fn older_volumes_heartbeats_and_lease_replies_parse() {
+        let volume: Volume = serde_json::from_str(
+            r#"{"id":1,"name":"v","size_bytes":4096,"replicas":3,"chunk_bytes":65536,"stripe_unit_bytes":4096,"stripe_count":4}"#,
+        )
+        .unwrap();
+        assert!(volume.qos.is_unlimited());
+        let heartbeat: floe_protocol::ControlRequest =
+            serde_json::from_str(r#"{"op":"heartbeat","id":3,"used_bytes":7}"#).unwrap();
+        assert!(matches!(
+            heartbeat,
+            floe_protocol::ControlRequest::Heartbeat {
+                journal_quota_bytes: 0,
+                ..
+            }
+        ));
+        let lease: ControlResponse =
+            serde_json::from_str(r#"{"op":"lease","generation":2,"term_ms":5000}"#).unwrap();
+        assert!(
+            matches!(lease, ControlResponse::Lease { limits, .. } if limits == VolumeLimits::default())
+        );
+    }
+
     #[test]
     fn pressure_limits_never_exceed_the_operators() {
         let operator = QosLimits {
