@@ -136,10 +136,6 @@ pub struct Qos<D> {
     pacer: Mutex<Pacer>,
 }
 
-fn unlimited(limits: &VolumeLimits) -> bool {
-    limits.all.is_unlimited() && limits.writes.is_unlimited()
-}
-
 impl<D: BlockDevice> Qos<D> {
     pub fn new(inner: D, limits: watch::Receiver<VolumeLimits>) -> Qos<D> {
         let now = Instant::now();
@@ -157,7 +153,13 @@ impl<D: BlockDevice> Qos<D> {
 
     /// Waits until a request moving `bytes` may go.
     async fn admit(&self, write: bool, bytes: u64) {
-        if unlimited(&self.limits.borrow()) {
+        // Reads skip the queue when only writes are limited (journal pressure), rather
+        // than wait behind throttled writes.
+        let free = {
+            let limits = self.limits.borrow();
+            limits.all.is_unlimited() && (!write || limits.writes.is_unlimited())
+        };
+        if free {
             return;
         }
         let mut pacer = self.pacer.lock().await;
@@ -364,5 +366,26 @@ mod tests {
         sender.send(VolumeLimits::default()).unwrap();
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert!(waiting.is_finished(), "released by the change");
+    }
+
+    /// Journal pressure queues writes; reads go past them.
+    #[tokio::test(start_paused = true)]
+    async fn reads_pass_writes_slowed_by_pressure() {
+        let (_sender, receiver) = watch::channel(limits(0, 0, 1));
+        let device = Arc::new(Qos::new(MemoryDevice::new(1 << 20), receiver));
+        let write = || {
+            let device = device.clone();
+            async move { device.write(0, Bytes::from(vec![1; 512]), false).await }
+        };
+        write().await.unwrap(); // the burst of one
+        let waiting = tokio::spawn(write());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !waiting.is_finished(),
+            "waits about a second at 1 write IOPS"
+        );
+        let started = Instant::now();
+        device.read(0, 512).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO, "the read waited");
     }
 }
