@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const IOPS_LIMIT: f64 = 300.0;
-const BANDWIDTH_LIMIT_MIB: f64 = 16.0;
+const BANDWIDTH_LIMIT_MIB: f64 = 8.0;
 /// Measured rates may exceed a limit by the burst and by timing noise, not more.
 const LIMIT_SLACK: f64 = 1.3;
 
@@ -167,7 +167,13 @@ fn limits_hold_fio_and_follow_changes_without_reopening() {
         std::thread::sleep(Duration::from_secs_f64(seconds).saturating_sub(started.elapsed()));
     };
     at(3.5);
-    cluster.floe(&["volume", "set-qos", "demo", "--iops", "300"]);
+    cluster.floe(&[
+        "volume",
+        "set-qos",
+        "demo",
+        "--iops",
+        &IOPS_LIMIT.to_string(),
+    ]);
     let limited_at = started.elapsed().as_secs_f64();
     at(10.5);
     cluster.floe(&["volume", "set-qos", "demo", "--iops", "0"]);
@@ -195,7 +201,13 @@ fn limits_hold_fio_and_follow_changes_without_reopening() {
 
     // Bandwidth, set while the volume is closed: the next open's lease grant has it.
     let free = bandwidth_mib(&mut fio(&uri, work.path(), "1M", 4));
-    cluster.floe(&["volume", "set-qos", "demo", "--bandwidth", "16M/s"]);
+    cluster.floe(&[
+        "volume",
+        "set-qos",
+        "demo",
+        "--bandwidth",
+        &format!("{BANDWIDTH_LIMIT_MIB}M/s"),
+    ]);
     let limited = bandwidth_mib(&mut fio(&uri, work.path(), "1M", 5));
     eprintln!("1M randwrite: {free:.1} MiB/s free, {limited:.1} MiB/s at a limit of {BANDWIDTH_LIMIT_MIB} MiB/s");
     assert!(
