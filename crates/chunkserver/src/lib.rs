@@ -191,7 +191,15 @@ async fn heartbeat_loop(master: String, registration: ControlRequest, server: Ar
                 if beats.is_multiple_of(USAGE_REFRESH_HEARTBEATS) {
                     used_bytes = store.used_bytes();
                 }
-                ControlRequest::Heartbeat { id, used_bytes }
+                // No hybrid journal yet, so no back-pressure: becomes
+                // `store.journal_usage()` when the journals land.
+                let (journal_used_bytes, journal_quota_bytes) = (0, 0);
+                ControlRequest::Heartbeat {
+                    id,
+                    used_bytes,
+                    journal_used_bytes,
+                    journal_quota_bytes,
+                }
             }
         };
         match pool.call(&master, Request::Control(request)).await {

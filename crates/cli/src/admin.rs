@@ -3,11 +3,57 @@
 
 use crate::size;
 use floe_client::master::MasterClient;
-use floe_protocol::{ControlRequest, ControlResponse, ServerId, Volume, VolumeSpec};
+use floe_protocol::{
+    ControlRequest, ControlResponse, JournalUsage, QosLimits, ServerId, Volume, VolumeSpec,
+};
+
+/// `--iops`: requests per second; 0 or `unlimited` clears the limit.
+pub fn parse_iops(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if text == "unlimited" {
+        return Ok(0);
+    }
+    text.parse().map_err(|_| {
+        format!("IOPS {text:?} is not a whole number of requests per second (0 or `unlimited`: no limit)")
+    })
+}
+
+/// `--bandwidth`: bytes per second like 100M or 100M/s; 0 or `unlimited` clears it.
+pub fn parse_bandwidth(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if text == "unlimited" {
+        return Ok(0);
+    }
+    size::parse(text.strip_suffix("/s").unwrap_or(text)).map_err(|e| {
+        format!("bandwidth: {e}; give bytes per second like 100M (0 or `unlimited`: no limit)")
+    })
+}
+
+fn iops_text(iops: u64) -> String {
+    match iops {
+        0 => "unlimited".into(),
+        n => n.to_string(),
+    }
+}
+
+fn bandwidth_text(bytes_per_second: u64) -> String {
+    match bytes_per_second {
+        0 => "unlimited".into(),
+        n => format!("{}/s", size::format(n)),
+    }
+}
+
+fn qos_text(qos: QosLimits) -> String {
+    format!(
+        "{} IOPS, {} bandwidth",
+        iops_text(qos.iops),
+        bandwidth_text(qos.bytes_per_second)
+    )
+}
 
 fn volume_row(v: &Volume) -> String {
     format!(
-        "{:<20} {:>10} {:<6} {:>8} {:>10} {:>10} {:>7} {:>8}",
+        "{:<20} {:>10} {:<6} {:>8} {:>10} {:>10} {:>7} {:>8} {:>9} {:>13}",
         v.spec.name,
         size::format(v.spec.size_bytes),
         v.spec.mode,
@@ -16,13 +62,20 @@ fn volume_row(v: &Volume) -> String {
         size::format(v.spec.stripe_unit_bytes),
         v.spec.stripe_count,
         v.chunks_allocated,
+        iops_text(v.qos.iops),
+        bandwidth_text(v.qos.bytes_per_second),
     )
 }
 
 const VOLUME_HEADER: &str =
-    "NAME                       SIZE MODE   REPLICAS      CHUNK STRIPE-UNIT STRIPES ALLOCATED";
+    "NAME                       SIZE MODE   REPLICAS      CHUNK STRIPE-UNIT STRIPES ALLOCATED      IOPS     BANDWIDTH";
 
-pub async fn create(master: &MasterClient, spec: VolumeSpec) -> Result<(), String> {
+pub async fn create(
+    master: &MasterClient,
+    spec: VolumeSpec,
+    iops: Option<u64>,
+    bytes_per_second: Option<u64>,
+) -> Result<(), String> {
     let volume = master
         .create_volume(spec)
         .await
@@ -33,6 +86,29 @@ pub async fn create(master: &MasterClient, spec: VolumeSpec) -> Result<(), Strin
         size::format(volume.spec.size_bytes),
         volume.spec.mode,
         volume.spec.replicas
+    );
+    if iops.is_some() || bytes_per_second.is_some() {
+        set_qos(master, &volume.spec.name, iops, bytes_per_second).await?;
+    }
+    Ok(())
+}
+
+pub async fn set_qos(
+    master: &MasterClient,
+    name: &str,
+    iops: Option<u64>,
+    bytes_per_second: Option<u64>,
+) -> Result<(), String> {
+    if iops.is_none() && bytes_per_second.is_none() {
+        return Err("give --iops and/or --bandwidth (0 or `unlimited` clears a limit)".into());
+    }
+    let volume = master
+        .set_qos(name, iops, bytes_per_second)
+        .await
+        .map_err(|e| format!("cannot set the limits of volume {name}: {e}"))?;
+    println!(
+        "volume {name}: {}; a gateway serving it applies this at its next lease renewal (within 2 s)",
+        qos_text(volume.qos)
     );
     Ok(())
 }
@@ -58,6 +134,7 @@ pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
     );
     println!("mode:          {}", v.spec.mode);
     println!("replicas:      {}", v.spec.replicas);
+    println!("limits:        {}", qos_text(v.qos));
     println!("chunk size:    {}", size::format(v.spec.chunk_bytes));
     println!(
         "stripe:        {} x {}",
@@ -130,13 +207,22 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
         size::format(capacity)
     );
     println!();
+    let journals: std::collections::HashMap<ServerId, JournalUsage> =
+        status.qos.journals.iter().copied().collect();
     println!(
-        "{:<4} {:<12} {:<22} {:<5} {:<5} {:>10} {:>10}",
-        "ID", "HOST", "ADDRESS", "CLASS", "STATE", "USED", "CAPACITY"
+        "{:<4} {:<12} {:<22} {:<5} {:<5} {:>10} {:>10} {:>18}",
+        "ID", "HOST", "ADDRESS", "CLASS", "STATE", "USED", "CAPACITY", "JOURNAL"
     );
     for s in &status.servers {
+        let journal = journals.get(&s.id).map_or("-".into(), |j| {
+            format!(
+                "{:.0}% of {}",
+                j.used_bytes as f64 * 100.0 / j.quota_bytes as f64,
+                size::format(j.quota_bytes)
+            )
+        });
         println!(
-            "{:<4} {:<12} {:<22} {:<5} {:<5} {:>10} {:>10}",
+            "{:<4} {:<12} {:<22} {:<5} {:<5} {:>10} {:>10} {:>18}",
             s.id,
             s.host,
             s.address,
@@ -149,13 +235,26 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
                 "DOWN"
             },
             size::format(s.used_bytes),
-            size::format(s.capacity_bytes)
+            size::format(s.capacity_bytes),
+            journal
         );
     }
     println!();
     println!("{VOLUME_HEADER}");
     for v in &status.volumes {
         println!("{}", volume_row(v));
+    }
+    println!();
+    if status.qos.throttled.is_empty() {
+        println!("throttling: no volume is slowed by journal pressure");
+    }
+    for t in &status.qos.throttled {
+        println!(
+            "throttling: volume {} writes at most {}: {}",
+            t.volume,
+            qos_text(t.writes),
+            t.reason
+        );
     }
     let r = &status.recovery;
     println!();

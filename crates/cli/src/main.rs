@@ -159,6 +159,8 @@ enum VolumeCommand {
         /// behind ssd journals) or hdd (all replicas).
         #[arg(long, default_value = "hybrid")]
         mode: VolumeMode,
+        #[command(flatten)]
+        qos: QosArgs,
     },
     List,
     Info {
@@ -174,6 +176,23 @@ enum VolumeCommand {
     Delete {
         name: String,
     },
+    /// Limit a volume's I/O (reads and writes together); a gateway serving it applies
+    /// the change within a few seconds.
+    SetQos {
+        name: String,
+        #[command(flatten)]
+        qos: QosArgs,
+    },
+}
+
+#[derive(clap::Args)]
+struct QosArgs {
+    /// Requests per second (0 or `unlimited`: no limit).
+    #[arg(long, allow_hyphen_values = true, value_parser = admin::parse_iops)]
+    iops: Option<u64>,
+    /// Bytes per second, e.g. 100M (binary units; 0 or `unlimited`: no limit).
+    #[arg(long, allow_hyphen_values = true, value_parser = admin::parse_bandwidth)]
+    bandwidth: Option<u64>,
 }
 
 fn init_logging() {
@@ -327,6 +346,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 stripe_unit,
                 stripe_count,
                 mode,
+                qos,
             } => {
                 let spec = VolumeSpec {
                     name,
@@ -337,12 +357,15 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     stripe_count,
                     mode,
                 };
-                admin::create(&master, spec).await
+                admin::create(&master, spec, qos.iops, qos.bandwidth).await
             }
             VolumeCommand::List => admin::list(&master).await,
             VolumeCommand::Info { name } => admin::info(&master, &name).await,
             VolumeCommand::Resize { name, size } => admin::resize(&master, &name, size).await,
             VolumeCommand::Delete { name } => admin::delete(&master, &name).await,
+            VolumeCommand::SetQos { name, qos } => {
+                admin::set_qos(&master, &name, qos.iops, qos.bandwidth).await
+            }
         },
         Command::Status => admin::status(&master).await,
         Command::Scrub { name } => admin::scrub(&master, &name).await,

@@ -6,9 +6,10 @@
 use crate::master::MasterClient;
 use floe_blockdev::IoError;
 use floe_protocol::connection::CallError;
-use floe_protocol::{ControlRequest, ControlResponse, Status};
+use floe_protocol::{ControlRequest, ControlResponse, Status, VolumeLimits};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// How long opening a volume waits for another holder's lease to end.
 const BUSY_WAIT_MAX: Duration = Duration::from_secs(6);
@@ -20,6 +21,8 @@ pub struct Lease {
     generation: u32,
     /// Why the lease was lost, once it is.
     lost: Arc<Mutex<Option<String>>>,
+    /// The volume's rate limits as of the last grant or renewal.
+    limits: watch::Receiver<VolumeLimits>,
     renewer: tokio::task::JoinHandle<()>,
 }
 
@@ -40,6 +43,7 @@ impl Lease {
         let ControlResponse::Lease {
             generation,
             term_ms,
+            limits,
         } = reply
         else {
             return Err(CallError::BadReply {
@@ -48,19 +52,22 @@ impl Lease {
             });
         };
         let lost = Arc::new(Mutex::new(None));
+        let (limits_sender, limits) = watch::channel(limits);
         let renewer = tokio::spawn(renew(
             master.clone(),
             volume.to_string(),
             generation,
             Duration::from_millis(term_ms / 3),
             lost.clone(),
+            limits_sender,
         ));
-        tracing::info!(volume, generation, "lease acquired");
+        tracing::info!(volume, generation, limits = ?*limits.borrow(), "lease acquired");
         Ok(Lease {
             master,
             volume: volume.to_string(),
             generation,
             lost,
+            limits,
             renewer,
         })
     }
@@ -88,6 +95,11 @@ impl Lease {
 
     pub fn generation(&self) -> u32 {
         self.generation
+    }
+
+    /// The volume's rate limits, updated at each renewal.
+    pub fn limits(&self) -> watch::Receiver<VolumeLimits> {
+        self.limits.clone()
     }
 
     /// Fails once the lease is known lost.
@@ -119,6 +131,7 @@ async fn renew(
     generation: u32,
     every: Duration,
     lost: Arc<Mutex<Option<String>>>,
+    limits: watch::Sender<VolumeLimits>,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
@@ -129,7 +142,14 @@ async fn renew(
             generation,
         };
         match master.call(request).await {
-            Ok(_) => {}
+            Ok(ControlResponse::Lease { limits: new, .. }) => {
+                let changed =
+                    limits.send_if_modified(|current| std::mem::replace(current, new) != new);
+                if changed {
+                    tracing::info!(volume = %name, limits = ?new, "rate limits changed");
+                }
+            }
+            Ok(other) => tracing::warn!(volume = %name, "unexpected renewal reply {other:?}"),
             Err(CallError::Remote {
                 status: Status::Fenced | Status::NotFound,
                 message,

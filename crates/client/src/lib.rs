@@ -2,18 +2,21 @@
 //!
 //! - [`master`]: typed calls to the master (volume maps, chunk allocation).
 //! - [`lease`]: the volume's single-writer lease.
+//! - [`qos`]: rate limits from the master, in front of the stripe layer.
 //! - [`stripe`]: the striping formula, and the layer that turns volume requests into
 //!   chunk requests ([`stripe::Striped`], a [`floe_blockdev::BlockDevice`]).
 //! - [`replicated`]: the chunk layer: the writer's side of the replication protocol
 //!   (versions, majority commit, laggard reports, reads with version checks).
 //!
-//! [`open_volume`] composes them for a volume name.
+//! [`open_volume`] composes them for a volume name: qos -> stripe -> replicated.
 pub mod lease;
 pub mod master;
+pub mod qos;
 pub mod replicated;
 pub mod stripe;
 
 use floe_blockdev::BlockDevice;
+use floe_protocol::VolumeLimits;
 use std::sync::Arc;
 
 /// How a volume is opened.
@@ -37,8 +40,22 @@ pub async fn open_volume(
         }
         Access::Read => None,
     };
+    // Without a lease there are no renewals: a read-only attach keeps the operator's
+    // limits as of its opening.
+    let limits = match &lease {
+        Some(lease) => lease.limits(),
+        None => {
+            let qos = map.volume.qos;
+            tokio::sync::watch::channel(VolumeLimits {
+                all: qos,
+                writes: qos,
+            })
+            .1
+        }
+    };
     let layout = stripe::Layout::of(&map.volume.spec);
     let size = map.volume.spec.size_bytes;
     let chunks = replicated::ReplicatedChunks::new(master, map, lease);
-    Ok(Arc::new(stripe::Striped::new(layout, size, chunks)))
+    let striped = stripe::Striped::new(layout, size, chunks);
+    Ok(Arc::new(qos::Qos::new(striped, limits)))
 }

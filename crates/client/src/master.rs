@@ -49,6 +49,21 @@ impl MasterClient {
         .await
     }
 
+    /// Changes a volume's rate limits; `None` keeps one, 0 clears it.
+    pub async fn set_qos(
+        &self,
+        name: &str,
+        iops: Option<u64>,
+        bytes_per_second: Option<u64>,
+    ) -> Result<Volume, CallError> {
+        self.expect_volume(ControlRequest::SetQos {
+            name: name.into(),
+            iops,
+            bytes_per_second,
+        })
+        .await
+    }
+
     pub async fn delete_volume(&self, name: &str) -> Result<(), CallError> {
         self.call(ControlRequest::DeleteVolume { name: name.into() })
             .await

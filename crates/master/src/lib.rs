@@ -16,14 +16,15 @@
 //! ```
 
 mod map;
+pub mod qos;
 pub mod recovery;
 
 use floe_metadata::{MetaStore, Op};
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
     ChunkPlacement, ClusterMap, ClusterStatus, ConnectionPool, ControlRequest, ControlResponse,
-    PlacementMode, Proposal, Request, Response, ServerId, ServerInfo, Status, Volume, VolumeMap,
-    VolumeSpec,
+    JournalUsage, PlacementMode, Proposal, Request, Response, ServerId, ServerInfo, Status, Volume,
+    VolumeMap, VolumeSpec,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -49,6 +50,8 @@ struct Lease {
 pub(crate) struct State {
     pub(crate) servers: BTreeMap<ServerId, ServerInfo>,
     last_heartbeat: HashMap<ServerId, Instant>,
+    /// From heartbeats; not stored.
+    journals: HashMap<ServerId, JournalUsage>,
     volumes: BTreeMap<String, Volume>,
     pub(crate) chunks: HashMap<u64, BTreeMap<u64, ChunkPlacement>>,
     /// By volume id.
@@ -125,6 +128,7 @@ impl Master {
         let mut state = State {
             servers: BTreeMap::new(),
             last_heartbeat: HashMap::new(),
+            journals: HashMap::new(),
             volumes: BTreeMap::new(),
             chunks: HashMap::new(),
             leases: HashMap::new(),
@@ -264,7 +268,12 @@ impl Master {
                 state.last_heartbeat.insert(id, Instant::now());
                 Ok(ControlResponse::Registered { id })
             }
-            ControlRequest::Heartbeat { id, used_bytes } => {
+            ControlRequest::Heartbeat {
+                id,
+                used_bytes,
+                journal_used_bytes,
+                journal_quota_bytes,
+            } => {
                 let Some(server) = state.servers.get_mut(&id) else {
                     return Err((
                         Status::NotFound,
@@ -274,6 +283,11 @@ impl Master {
                 server.used_bytes = used_bytes;
                 server.up = true;
                 state.last_heartbeat.insert(id, Instant::now());
+                let journal = JournalUsage {
+                    used_bytes: journal_used_bytes,
+                    quota_bytes: journal_quota_bytes,
+                };
+                state.journals.insert(id, journal);
                 Ok(ControlResponse::HeartbeatAck {
                     deleted_volumes: state.deleted_volumes.clone(),
                     leases: state
@@ -318,15 +332,16 @@ impl Master {
                     .spec
                     .validate()
                     .map_err(|e| (Status::BadRequest, e))?;
-                self.store
-                    .apply(vec![Op::Put {
-                        key: format!("volume/{name}"),
-                        value: json(&volume),
-                    }])
-                    .await
-                    .map_err(store_failed)?;
-                state.volumes.insert(name, volume.clone());
+                self.put_volume(&mut state, volume.clone()).await?;
                 Ok(ControlResponse::Volume(volume))
+            }
+            ControlRequest::SetQos {
+                name,
+                iops,
+                bytes_per_second,
+            } => {
+                self.set_qos(&mut state, &name, iops, bytes_per_second)
+                    .await
             }
             ControlRequest::DeleteVolume { name } => {
                 let volume = state.volume(&name)?;
@@ -373,6 +388,7 @@ impl Master {
                 volumes: state.volume_list(),
                 recovery: self.recovery.status(&state),
                 rebalance: recovery::rebalance_status(self, &state),
+                qos: state.qos_status(),
             }))),
             ControlRequest::AcquireLease { name, holder } => {
                 self.acquire_lease(&mut state, &name, holder).await
@@ -385,6 +401,7 @@ impl Master {
                         Ok(ControlResponse::Lease {
                             generation,
                             term_ms: LEASE_TERM.as_millis() as u64,
+                            limits: state.limits(&volume).0,
                         })
                     }
                     other => Err((
@@ -528,7 +545,25 @@ impl Master {
         Ok(ControlResponse::Lease {
             generation: generation as u32,
             term_ms: LEASE_TERM.as_millis() as u64,
+            limits: state.limits(&volume).0,
         })
+    }
+
+    /// Stores a volume, then updates the in-memory copy.
+    pub(crate) async fn put_volume(
+        &self,
+        state: &mut State,
+        volume: Volume,
+    ) -> Result<(), (Status, String)> {
+        self.store
+            .apply(vec![Op::Put {
+                key: format!("volume/{}", volume.spec.name),
+                value: json(&volume),
+            }])
+            .await
+            .map_err(store_failed)?;
+        state.volumes.insert(volume.spec.name.clone(), volume);
+        Ok(())
     }
 
     /// Stores a chunk's placement, then updates the in-memory copy.
@@ -577,6 +612,7 @@ impl Master {
             id,
             spec,
             chunks_allocated: 0,
+            qos: Default::default(),
         };
         self.store
             .apply(vec![

@@ -82,6 +82,11 @@ pub enum ControlRequest {
     Heartbeat {
         id: ServerId,
         used_bytes: u64,
+        /// Hybrid-mode journal fill; a quota of 0 means no journal.
+        #[serde(default)]
+        journal_used_bytes: u64,
+        #[serde(default)]
+        journal_quota_bytes: u64,
     },
     CreateVolume(VolumeSpec),
     ListVolumes,
@@ -94,6 +99,12 @@ pub enum ControlRequest {
     },
     DeleteVolume {
         name: String,
+    },
+    /// Changes a volume's rate limits; `None` keeps a limit as it is, 0 clears it.
+    SetQos {
+        name: String,
+        iops: Option<u64>,
+        bytes_per_second: Option<u64>,
     },
     /// Allocates a chunk on first write; idempotent. The writer proposes the
     /// placement it computed from its cluster map; the master records its own (from
@@ -237,6 +248,8 @@ pub enum ControlResponse {
     Lease {
         generation: u32,
         term_ms: u64,
+        #[serde(default)]
+        limits: VolumeLimits,
     },
     ChunkInfo {
         view: u64,

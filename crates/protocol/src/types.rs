@@ -210,6 +210,58 @@ pub struct Volume {
     /// Chunks allocated so far (thin provisioning).
     #[serde(default)]
     pub chunks_allocated: u64,
+    /// The operator's rate limits (`floe volume set-qos`).
+    #[serde(default)]
+    pub qos: QosLimits,
+}
+
+/// Rate limits of one volume's I/O; 0 means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosLimits {
+    #[serde(default)]
+    pub iops: u64,
+    #[serde(default)]
+    pub bytes_per_second: u64,
+}
+
+impl QosLimits {
+    pub fn is_unlimited(&self) -> bool {
+        self.iops == 0 && self.bytes_per_second == 0
+    }
+}
+
+/// What a volume's writer enforces, from the master with each lease grant and renewal:
+/// the operator's limits on all I/O, and journal back-pressure on writes only (reads
+/// do not fill journals).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeLimits {
+    pub all: QosLimits,
+    pub writes: QosLimits,
+}
+
+/// A chunk server's hybrid-mode journal fill, from its heartbeats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalUsage {
+    pub used_bytes: u64,
+    /// 0: the server has no journal.
+    pub quota_bytes: u64,
+}
+
+/// A volume whose writes the master slows down because a journal holding its chunks
+/// is nearly full.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Throttled {
+    pub volume: String,
+    pub writes: QosLimits,
+    pub reason: String,
+}
+
+/// Journals and write throttling, for `floe status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosStatus {
+    /// Servers that have a journal.
+    pub journals: Vec<(ServerId, JournalUsage)>,
+    pub throttled: Vec<Throttled>,
 }
 
 /// Where the replicas of an allocated chunk live; the first is the primary.
@@ -331,6 +383,8 @@ pub struct ClusterStatus {
     pub recovery: RecoveryStatus,
     #[serde(default)]
     pub rebalance: RebalanceStatus,
+    #[serde(default)]
+    pub qos: QosStatus,
 }
 
 /// The cluster map and the replica moves that bring chunks to where it places them.

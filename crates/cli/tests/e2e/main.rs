@@ -14,3 +14,4 @@ mod fio;
 mod io_helpers;
 mod mark_lost;
 mod netcut;
+mod qos;
