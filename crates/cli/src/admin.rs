@@ -127,16 +127,20 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
     );
     println!();
     println!(
-        "{:<4} {:<12} {:<22} {:<5} {:<5} {:>10} {:>10}",
+        "{:<4} {:<12} {:<22} {:<14} {:<5} {:>10} {:>10}",
         "ID", "HOST", "ADDRESS", "CLASS", "STATE", "USED", "CAPACITY"
     );
     for s in &status.servers {
         println!(
-            "{:<4} {:<12} {:<22} {:<5} {:<5} {:>10} {:>10}",
+            "{:<4} {:<12} {:<22} {:<14} {:<5} {:>10} {:>10}",
             s.id,
             s.host,
             s.address,
-            s.class,
+            if s.emulated {
+                format!("{} (emulated)", s.class)
+            } else {
+                s.class.to_string()
+            },
             if s.lost {
                 "LOST"
             } else if s.up {

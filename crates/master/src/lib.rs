@@ -184,6 +184,7 @@ impl Master {
                 address,
                 host,
                 class,
+                emulated,
                 capacity_bytes,
             } => {
                 let existing = state
@@ -209,6 +210,7 @@ impl Master {
                     address,
                     host,
                     class,
+                    emulated,
                     capacity_bytes,
                     used_bytes: 0,
                     up: true,

@@ -90,6 +90,7 @@ mod tests {
             address: String::new(),
             host: host.into(),
             class,
+            emulated: false,
             capacity_bytes: 1 << 30,
             used_bytes: 0,
             up: true,
