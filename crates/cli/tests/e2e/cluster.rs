@@ -51,6 +51,11 @@ impl Cluster {
     }
 
     pub fn start_on(dir: &Path, port: u16, metadata: Option<String>) -> Cluster {
+        Cluster::start_with(dir, port, metadata, &[])
+    }
+
+    /// Like [`Cluster::start_on`], with extra `floe demo` arguments.
+    pub fn start_with(dir: &Path, port: u16, metadata: Option<String>, extra: &[&str]) -> Cluster {
         let mut command = Command::new(FLOE);
         command
             .args(["demo", "--dir"])
@@ -63,6 +68,7 @@ impl Cluster {
         if let Some(m) = &metadata {
             command.args(["--metadata", m]);
         }
+        command.args(extra);
         let _ = std::fs::remove_file(dir.join("demo.json"));
         let mut demo = command.spawn().expect("floe demo starts");
         let deadline = Instant::now() + Duration::from_secs(90);
