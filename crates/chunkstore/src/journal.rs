@@ -92,7 +92,7 @@ fn sectors(offset: u64, length: u64) -> (u64, u64) {
 
 /// Index position of journal `journal`'s byte `at`.
 fn position(journal: usize, at: u64) -> u64 {
-    (journal as u64) << SPAN_BITS | at / SECTOR_BYTES
+    ((journal as u64) << SPAN_BITS) | (at / SECTOR_BYTES)
 }
 
 /// Journal number and byte offset of an index position.
@@ -163,7 +163,7 @@ impl Journals {
         journal: usize,
         at: u64,
     ) -> Result<(), StoreError> {
-        debug_assert!(offset % SECTOR_BYTES == 0 && length % SECTOR_BYTES == 0);
+        debug_assert!(offset.is_multiple_of(SECTOR_BYTES) && length.is_multiple_of(SECTOR_BYTES));
         let mut index = self.index.lock().unwrap();
         let entry = match index.entry(chunk) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -210,8 +210,8 @@ impl Journals {
     ) -> Result<(), StoreError> {
         let end = offset + length;
         let edges = [
-            (offset % SECTOR_BYTES != 0).then_some(offset / SECTOR_BYTES),
-            (end % SECTOR_BYTES != 0).then_some(end / SECTOR_BYTES),
+            (!offset.is_multiple_of(SECTOR_BYTES)).then_some(offset / SECTOR_BYTES),
+            (!end.is_multiple_of(SECTOR_BYTES)).then_some(end / SECTOR_BYTES),
         ];
         let index = self.index.lock().unwrap();
         let Some(entry) = index.get(&chunk) else {

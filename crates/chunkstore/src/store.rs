@@ -794,8 +794,8 @@ impl Log {
         let journaled = |h: &RecordHeader| {
             h.kind == Kind::Write
                 && h.length <= JOURNAL_WRITE_BYTES_MAX
-                && h.offset % SECTOR_BYTES == 0
-                && h.length % SECTOR_BYTES == 0
+                && h.offset.is_multiple_of(SECTOR_BYTES)
+                && h.length.is_multiple_of(SECTOR_BYTES)
         };
         // Upper bounds: a header and its padding per record, plus the data.
         let headers = (batch.len() as u64) * (RECORD_HEADER_BYTES as u64 + SECTOR_BYTES);
@@ -901,10 +901,10 @@ impl Log {
                 .filter_map(|k| self.logs[k].seqs.map(|(first, _)| first))
                 .min();
             let mut changed = false;
-            for j in 0..self.logs.len() {
-                let newest = self.logs[j].seqs.map_or(0, |(_, last)| last);
-                if reset[j] && oldest_kept.is_some_and(|oldest| oldest < newest) {
-                    reset[j] = false;
+            for (log, reset) in self.logs.iter().zip(reset.iter_mut()) {
+                let newest = log.seqs.map_or(0, |(_, last)| last);
+                if *reset && oldest_kept.is_some_and(|oldest| oldest < newest) {
+                    *reset = false;
                     changed = true;
                 }
             }
