@@ -12,6 +12,7 @@ pub mod replica;
 use bytes::Bytes;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
 use floe_chunkstore::{ChunkMeta, Store, StoreError};
+pub use floe_chunkstore::{JournalDir, Options as StoreOptions};
 use floe_protocol::connection::CallError;
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
@@ -42,6 +43,8 @@ pub struct Config {
     pub host: String,
     pub class: DeviceClass,
     pub capacity_bytes: u64,
+    /// Journals and hdd emulation.
+    pub store: StoreOptions,
 }
 
 /// A chunk's replica state and the wake-up for changes waiting on it.
@@ -119,7 +122,7 @@ impl Change {
 
 /// Runs the chunk server until the listener fails.
 pub async fn run(config: Config) -> Result<(), String> {
-    let store = Store::open(&config.dir)
+    let store = Store::open_with(&config.dir, &config.store)
         .map_err(|e| format!("cannot open data directory {}: {e}", config.dir.display()))?;
     let listener = TcpListener::bind(&config.listen)
         .await
@@ -132,12 +135,26 @@ pub async fn run(config: Config) -> Result<(), String> {
             .to_string(),
     };
     let uuid = load_or_create_uuid(&config.dir)?;
-    tracing::info!(%address, dir = %config.dir.display(), "chunk server listening");
+    let journals: Vec<_> = config
+        .store
+        .journal_dirs
+        .iter()
+        .map(|j| j.dir.display().to_string())
+        .collect();
+    tracing::info!(
+        %address,
+        dir = %config.dir.display(),
+        class = %config.class,
+        hdd = if config.store.emulate_hdd { "emulated (modelled seek, rotation and transfer times)" } else { "real" },
+        journals = %journals.join(","),
+        "chunk server listening"
+    );
     let registration = ControlRequest::Register {
         uuid,
         address,
         host: config.host.clone(),
         class: config.class,
+        emulated: config.store.emulate_hdd,
         capacity_bytes: config.capacity_bytes,
     };
     let server = Arc::new(ChunkServer {
@@ -191,9 +208,8 @@ async fn heartbeat_loop(master: String, registration: ControlRequest, server: Ar
                 if beats.is_multiple_of(USAGE_REFRESH_HEARTBEATS) {
                     used_bytes = store.used_bytes();
                 }
-                // No hybrid journal yet, so no back-pressure: becomes
-                // `store.journal_usage()` when the journals land.
-                let (journal_used_bytes, journal_quota_bytes) = (0, 0);
+                // The master slows writers before the journals fill.
+                let (journal_used_bytes, journal_quota_bytes) = store.journal_usage();
                 ControlRequest::Heartbeat {
                     id,
                     used_bytes,
@@ -392,7 +408,7 @@ impl ChunkServer {
         Response::Done
     }
 
-    fn read(&self, chunk: ChunkId, offset: u64, length: u32, min_version: u64) -> Response {
+    async fn read(&self, chunk: ChunkId, offset: u64, length: u32, min_version: u64) -> Response {
         let durable = self.slot(chunk).replica.lock().unwrap().durable;
         if durable < min_version {
             return Response::error(
@@ -400,7 +416,7 @@ impl ChunkServer {
                 format!("replica holds version {durable:#x}, the read needs {min_version:#x}"),
             );
         }
-        match self.store.read(chunk, offset, length) {
+        match self.store.read(chunk, offset, length).await {
             Ok(data) => Response::Data(data),
             Err(e) => store_error(e),
         }
@@ -470,6 +486,7 @@ impl ChunkServer {
                 let crc = self
                     .store
                     .checksum(chunk, length)
+                    .await
                     .map_err(|e| (Status::BadRequest, e.to_string()))?;
                 Ok(ControlResponse::Checksum { version, crc })
             }
@@ -562,7 +579,7 @@ impl Handler for ChunkServer {
                 offset,
                 length,
                 min_version,
-            } => self.read(chunk, offset, length, min_version),
+            } => self.read(chunk, offset, length, min_version).await,
             Request::Control(control) => match self.control(control).await {
                 Ok(reply) => Response::Control(reply),
                 Err((status, message)) => Response::error(status, message),

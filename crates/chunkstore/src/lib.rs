@@ -17,10 +17,13 @@
 //! After a crash, replay re-applies every record from the last checkpoint up to the
 //! first torn or missing one, so an acknowledged write is always whole and an
 //! unacknowledged one is either whole or absent.
+pub mod hdd;
+pub mod journal;
 pub mod journal_index;
 pub mod meta;
 pub mod store;
 pub mod wal;
 
+pub use journal::JournalDir;
 pub use meta::ChunkMeta;
-pub use store::{Store, StoreError};
+pub use store::{Options, Store, StoreError};

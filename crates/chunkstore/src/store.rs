@@ -1,7 +1,10 @@
-//! The chunk store: group-committed write-ahead log + sparse chunk files.
+//! The chunk store: group-committed write-ahead log + sparse chunk files, and in
+//! hybrid mode ssd journals in front of an hdd's chunk files (see [`crate::journal`]).
 
+use crate::hdd::Hdd;
+use crate::journal::{self, JournalDir, Journals, JOURNAL_WRITE_BYTES_MAX};
 use crate::meta::{self, ChunkMeta, Metas};
-use crate::wal::{self, HeaderError, Kind, RecordHeader, RECORD_HEADER_BYTES};
+use crate::wal::{self, HeaderError, Kind, RecordHeader, RECORD_HEADER_BYTES, SECTOR_BYTES};
 use bytes::{Bytes, BytesMut};
 use floe_protocol::ChunkId;
 use std::collections::{HashMap, HashSet};
@@ -10,7 +13,9 @@ use std::io::{self, ErrorKind};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tokio::sync::{oneshot, Notify};
 
 /// Largest chunk a replica may be asked to hold; offsets beyond are rejected.
@@ -46,6 +51,20 @@ impl From<io::Error> for StoreError {
     }
 }
 
+/// How a store runs; the default is a plain store (log and chunk files in one
+/// directory, no emulation).
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Hybrid mode: journal directories on ssds of this host, in order of preference.
+    /// Small writes are acknowledged from the journal and replayed into the chunk
+    /// files in the background. Empty: every change is applied at commit.
+    pub journal_dirs: Vec<JournalDir>,
+    /// Quota of the overflow journal in the data directory (hybrid mode only).
+    pub local_journal_quota_bytes: u64,
+    /// Emulate a hard disk's service times on chunk-file access (see [`crate::hdd`]).
+    pub emulate_hdd: bool,
+}
+
 type Done = oneshot::Sender<Result<(), StoreError>>;
 
 struct Change {
@@ -59,18 +78,20 @@ type Completions = Vec<(Done, Result<(), StoreError>)>;
 /// Changes waiting for the next commit. Submitters are bounded upstream: each
 /// connection has a fixed number of requests in flight.
 #[derive(Default)]
-struct Queue {
+pub(crate) struct Queue {
     changes: Mutex<Vec<Change>>,
-    wake: Notify,
+    pub(crate) wake: Notify,
 }
 
-/// Chunk files and their durable replication state, shared by readers and the
-/// committer.
-struct Files {
+/// Chunk files and their durable replication state, shared by readers, the committer
+/// and the replay worker.
+pub(crate) struct Files {
     dir: PathBuf,
     open: Mutex<HashMap<ChunkId, Arc<File>>>,
-    /// Updated as log records are applied: the state of what is durable.
+    /// Updated as log records commit: the state of what is durable.
     metas: Mutex<Metas>,
+    pub(crate) hdd: Option<Hdd>,
+    pub(crate) journals: Option<Journals>,
 }
 
 impl Files {
@@ -84,7 +105,7 @@ impl Files {
     }
 
     /// The chunk's file; `None` when it does not exist and `create` is false.
-    fn get(&self, chunk: ChunkId, create: bool) -> io::Result<Option<Arc<File>>> {
+    pub(crate) fn get(&self, chunk: ChunkId, create: bool) -> io::Result<Option<Arc<File>>> {
         if let Some(f) = self.open.lock().unwrap().get(&chunk) {
             return Ok(Some(f.clone()));
         }
@@ -111,11 +132,29 @@ impl Files {
         Ok(Some(open.entry(chunk).or_insert(file).clone()))
     }
 
+    /// The directories whose entries a new file of `chunk` adds to.
+    pub(crate) fn dirs_of(&self, chunk: ChunkId) -> [PathBuf; 2] {
+        [self.volume_dir(chunk.volume_id), self.dir.join("chunks")]
+    }
+
     fn forget_volume(&self, volume_id: u64) {
         self.open
             .lock()
             .unwrap()
             .retain(|c, _| c.volume_id != volume_id);
+    }
+
+    /// Reserves the emulated disk for a chunk-file access; the instant it completes.
+    pub(crate) fn pace(
+        &self,
+        chunk: ChunkId,
+        offset: u64,
+        length: u64,
+        foreground: bool,
+    ) -> Option<Instant> {
+        self.hdd
+            .as_ref()
+            .map(|hdd| hdd.reserve(chunk, offset, length, foreground))
     }
 }
 
@@ -128,22 +167,62 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the store in `dir`, replaying the log first. Must be
-    /// called inside a tokio runtime: the committer runs on it.
+    /// A plain store in `dir`: see [`Store::open_with`].
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        Store::open_with(dir, &Options::default())
+    }
+
+    /// Opens (creating if needed) the store in `dir`, replaying the log (or scanning
+    /// the journals and rebuilding their index) first. Must be called inside a tokio
+    /// runtime: the committer runs on it.
     ///
     /// The committer commits on the event loop itself, blocking it for the append and
     /// fdatasync (Vitastor's habit): no thread hand-off and wake-up per batch, and the
     /// requests that arrive meanwhile wait in the socket buffers and form the next
     /// batch.
-    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+    pub fn open_with(dir: &Path, options: &Options) -> Result<Store, StoreError> {
         std::fs::create_dir_all(dir.join("chunks"))?;
-        let files = Arc::new(Files {
+        let hybrid = !options.journal_dirs.is_empty();
+        let local_journal = dir.join(journal::LOCAL_FILE);
+        if !hybrid && local_journal.exists() {
+            return Err(StoreError::Io(format!(
+                "{} exists: this data directory was run with --journal; start it with the \
+                 same journal directories so their data is replayed",
+                local_journal.display()
+            )));
+        }
+        let mut files = Files {
             dir: dir.to_path_buf(),
             open: Mutex::default(),
             metas: Mutex::new(meta::load(&dir.join("meta"))?),
-        });
-        let log = Log::open(&dir.join("wal"), files.clone())?;
+            hdd: options.emulate_hdd.then(Hdd::default),
+            journals: None,
+        };
         let queue = Arc::new(Queue::default());
+        let log = if hybrid {
+            let wal = dir.join("wal");
+            if wal.exists() {
+                // Drain a log from a run without journals into the chunk files first.
+                let shared = Arc::new(files);
+                drop(Log::open_direct(&wal, shared.clone())?);
+                std::fs::remove_file(&wal)?;
+                files = Arc::try_unwrap(shared)
+                    .unwrap_or_else(|_| unreachable!("the draining log was dropped"));
+            }
+            let (journals, logs) = Journals::open(
+                dir,
+                &options.journal_dirs,
+                options.local_journal_quota_bytes,
+            )?;
+            files.journals = Some(journals);
+            let files = Arc::new(files);
+            let log = Log::open_journals(logs, files.clone())?;
+            journal::spawn_replay(Arc::downgrade(&files), queue.clone());
+            log
+        } else {
+            Log::open_direct(&dir.join("wal"), Arc::new(files))?
+        };
+        let files = log.files.clone();
         tokio::spawn(log.run(queue.clone()));
         Ok(Store { files, queue })
     }
@@ -241,10 +320,16 @@ impl Store {
         result.await.map_err(|_| StoreError::ShutDown)?
     }
 
-    /// Reads a range; parts never written read as zeroes. Runs on the caller's thread:
-    /// chunk files are in the page cache for hot data, and a pread is cheaper than a
-    /// hop to another thread.
-    pub fn read(&self, chunk: ChunkId, offset: u64, length: u32) -> Result<Bytes, StoreError> {
+    /// Reads a range; parts never written read as zeroes. Journaled data comes from the
+    /// journals, the rest from the chunk file. Runs on the caller's thread: chunk files
+    /// are in the page cache for hot data, and a pread is cheaper than a hop to another
+    /// thread (an emulated disk only makes the caller wait afterwards).
+    pub async fn read(
+        &self,
+        chunk: ChunkId,
+        offset: u64,
+        length: u32,
+    ) -> Result<Bytes, StoreError> {
         check_range(offset, length as u64)?;
         if length > READ_BYTES_MAX {
             return Err(StoreError::OutOfRange {
@@ -253,60 +338,64 @@ impl Store {
             });
         }
         let mut out = BytesMut::zeroed(length as usize);
+        let holes = match &self.files.journals {
+            Some(journals) => journals.read(chunk, offset, &mut out)?,
+            None => vec![(offset, length as u64)],
+        };
+        let mut done_at = None;
         if let Some(file) = self.files.get(chunk, false)? {
-            let mut done = 0;
-            while done < out.len() {
-                match file.read_at(&mut out[done..], offset + done as u64) {
-                    Ok(0) => break, // past the end of a sparse file: zeroes
-                    Ok(n) => done += n,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e.into()),
-                }
+            for (at, len) in holes {
+                let from = (at - offset) as usize;
+                read_at(&file, &mut out[from..from + len as usize], at)?;
+                done_at = done_at.max(self.files.pace(chunk, at, len, true));
             }
+        }
+        if let Some(at) = done_at {
+            tokio::time::sleep_until(at.into()).await;
         }
         Ok(out.freeze())
     }
 
-    /// The ranges of the chunk that hold data, as (offset, length); the rest are holes.
+    /// The ranges of the chunk that hold data, as (offset, length), sorted and
+    /// disjoint; the rest are holes. Journaled ranges count as data.
     pub fn extents(&self, chunk: ChunkId) -> Result<Vec<(u64, u64)>, StoreError> {
-        let Some(file) = self.files.get(chunk, false)? else {
-            return Ok(Vec::new());
+        let mut out = match self.files.get(chunk, false)? {
+            Some(file) => file_extents(&file)?,
+            None => Vec::new(),
         };
-        let seek = |offset: u64, whence| {
-            // SAFETY: plain syscall on an open descriptor; no memory is passed.
-            let at = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, whence) };
-            if at >= 0 {
-                Ok(Some(at as u64))
-            } else {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::ENXIO) => Ok(None), // no data after `offset`
-                    _ => Err(e),
+        if let Some(journals) = &self.files.journals {
+            out.extend(journals.extents(chunk));
+            out.sort_unstable();
+            let mut joined: Vec<(u64, u64)> = Vec::with_capacity(out.len());
+            for (offset, length) in out {
+                match joined.last_mut() {
+                    Some((o, l)) if *o + *l >= offset => *l = (*l).max(offset + length - *o),
+                    _ => joined.push((offset, length)),
                 }
             }
-        };
-        let mut out = Vec::new();
-        let mut at = 0;
-        while let Some(start) = seek(at, libc::SEEK_DATA)? {
-            let end = seek(start, libc::SEEK_HOLE)?.expect("a file ends in a hole");
-            out.push((start, end - start));
-            at = end;
+            out = joined;
         }
         Ok(out)
     }
 
     /// crc32c of the chunk's first `length` bytes, holes and the part past the end of
     /// the file read as zeroes.
-    pub fn checksum(&self, chunk: ChunkId, length: u64) -> Result<u32, StoreError> {
+    pub async fn checksum(&self, chunk: ChunkId, length: u64) -> Result<u32, StoreError> {
         check_range(0, length)?;
         let mut crc = 0;
         let mut at = 0;
         while at < length {
             let n = (length - at).min(READ_BYTES_MAX as u64 / 8) as u32;
-            crc = crc32c::crc32c_append(crc, &self.read(chunk, at, n)?);
+            crc = crc32c::crc32c_append(crc, &self.read(chunk, at, n).await?);
             at += n as u64;
         }
         Ok(crc)
+    }
+
+    /// Journal bytes in use and the sum of the journals' quotas; (0, 0) without
+    /// journals.
+    pub fn journal_usage(&self) -> (u64, u64) {
+        self.files.journals.as_ref().map_or((0, 0), Journals::usage)
     }
 
     /// Bytes of chunk data on disk (allocated blocks).
@@ -364,24 +453,24 @@ fn check_range(offset: u64, length: u64) -> Result<(), StoreError> {
     }
 }
 
-/// The log and everything only the committer touches.
-struct Log {
-    file: File,
-    files: Arc<Files>,
+/// One log file: the data directory's log, or a journal.
+pub(crate) struct LogFile {
+    pub(crate) file: Arc<File>,
+    path: PathBuf,
+    /// Format 3 (journal data on sector boundaries) or 2 (packed).
+    aligned: bool,
     /// Where the next batch is appended.
     position: u64,
-    /// Sequence number of the next record.
-    next_seq: u64,
-    /// Chunk files and directories changed since the last checkpoint.
-    dirty_files: HashSet<ChunkId>,
-    dirty_dirs: HashSet<PathBuf>,
-    buffer: Vec<u8>,
-    /// Set when the log can no longer be written safely; every change then fails.
-    failed: Option<String>,
+    /// Bytes the file may fill before a checkpoint (the plain log) or an overflow.
+    pub(crate) quota: u64,
+    /// The header's start sequence; `None` for a new file without a header yet.
+    start_seq: Option<u64>,
+    /// Sequence numbers of the first and last record since the header was written.
+    seqs: Option<(u64, u64)>,
 }
 
-impl Log {
-    fn open(path: &Path, files: Arc<Files>) -> Result<Log, StoreError> {
+impl LogFile {
+    pub(crate) fn open(path: &Path, aligned: bool, quota: u64) -> Result<LogFile, StoreError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -390,9 +479,9 @@ impl Log {
             .open(path)?;
         let mut head = vec![0u8; wal::HEADER_BYTES as usize];
         let read = file.read_at(&mut head, 0)?;
-        let start_seq = match wal::decode_header(&head[..read]) {
-            Ok(seq) => seq,
-            Err(_) if read == 0 => 1,
+        let start_seq = match wal::decode_header(&head[..read], aligned) {
+            Ok(seq) => Some(seq),
+            Err(_) if read == 0 => None,
             Err(HeaderError::NotALog) => {
                 return Err(StoreError::Io(format!(
                     "{} is not a Floe write-ahead log (bad header); refusing to overwrite it",
@@ -401,56 +490,173 @@ impl Log {
             }
             Err(HeaderError::Format(version)) => {
                 return Err(StoreError::Io(format!(
-                    "{} is a write-ahead log of format {version}, which this Floe cannot read; \
-                     start the chunk server of the Floe version that wrote it to drain it",
-                    path.display()
+                    "{} is a write-ahead log of format {version}, which this Floe cannot read \
+                     as a {}; start the chunk server of the Floe version (or with the journal \
+                     options) that wrote it to drain it",
+                    path.display(),
+                    if aligned { "journal" } else { "log" }
                 )))
             }
         };
-        let mut log = Log {
-            file,
-            files,
+        Ok(LogFile {
+            file: Arc::new(file),
+            path: path.to_path_buf(),
+            aligned,
             position: wal::HEADER_BYTES,
-            next_seq: start_seq,
-            dirty_files: HashSet::new(),
-            dirty_dirs: HashSet::new(),
-            buffer: Vec::new(),
-            failed: None,
-        };
-        let replayed = log.replay()?;
-        if replayed > 0 {
-            tracing::info!(records = replayed, "replayed write-ahead log");
-        }
-        log.checkpoint()?;
-        Ok(log)
+            quota,
+            start_seq,
+            seqs: None,
+        })
     }
 
-    /// Re-applies every valid record after the header, stopping at the first record
-    /// that is torn, stale or absent.
-    fn replay(&mut self) -> Result<u64, StoreError> {
-        let mut replayed = 0;
+    /// Visits every valid record after the header, in order, with the position of its
+    /// data, stopping at the first that is torn, stale or absent; leaves `position`
+    /// after the last.
+    fn scan(
+        &mut self,
+        mut visit: impl FnMut(&RecordHeader, u64, &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut next_seq = self.start_seq.unwrap_or(1);
         let mut raw = [0u8; RECORD_HEADER_BYTES];
         let mut data = Vec::new();
         loop {
             if !read_exact_at(&self.file, &mut raw, self.position)? {
                 break;
             }
-            let Some((header, crc)) = RecordHeader::decode(&raw, self.next_seq) else {
+            let Some((header, crc)) = RecordHeader::decode(&raw, next_seq) else {
                 break;
             };
             data.resize(header.data_len(), 0);
-            let data_at = self.position + RECORD_HEADER_BYTES as u64;
+            let data_at = header.data_at(self.position, self.aligned);
             if !read_exact_at(&self.file, &mut data, data_at)?
                 || !RecordHeader::check(&raw, &data, crc)
             {
                 break;
             }
-            self.apply(&header, &data)?;
+            visit(&header, data_at, &data)?;
             self.position = data_at + data.len() as u64;
-            self.next_seq += 1;
-            replayed += 1;
+            self.seqs = Some((self.seqs.map_or(header.seq, |s| s.0), header.seq));
+            next_seq = header.seq + 1;
         }
-        Ok(replayed)
+        Ok(())
+    }
+
+    /// The sequence number the next record needs to be at least.
+    fn next_seq(&self) -> u64 {
+        self.seqs
+            .map_or(self.start_seq.unwrap_or(1), |(_, last)| last + 1)
+    }
+
+    /// Forgets every record: a new header whose start sequence is past all of them.
+    fn reset(&mut self, next_seq: u64) -> Result<(), StoreError> {
+        self.file
+            .write_all_at(&wal::encode_header(next_seq, self.aligned), 0)?;
+        self.file.sync_data()?;
+        self.position = wal::HEADER_BYTES;
+        self.start_seq = Some(next_seq);
+        self.seqs = None;
+        Ok(())
+    }
+}
+
+/// The log (or the journals) and everything only the committer touches.
+struct Log {
+    /// The data directory's log alone; in hybrid mode the journals (the hdd's own
+    /// last).
+    logs: Vec<LogFile>,
+    /// The log the next batch goes to.
+    active: usize,
+    files: Arc<Files>,
+    /// Sequence number of the next record, global across the logs.
+    next_seq: u64,
+    /// Chunk files and directories changed since they were last synced.
+    dirty_files: HashSet<ChunkId>,
+    dirty_dirs: HashSet<PathBuf>,
+    buffer: Vec<u8>,
+    /// Set when the log can no longer be written safely; every change then fails.
+    failed: Option<String>,
+    /// When the emulated disk completes the batch's chunk-file accesses.
+    paced_until: Option<Instant>,
+}
+
+impl Log {
+    fn new(logs: Vec<LogFile>, files: Arc<Files>) -> Log {
+        let next_seq = logs.iter().map(LogFile::next_seq).max().unwrap_or(1);
+        Log {
+            logs,
+            active: 0,
+            files,
+            next_seq,
+            dirty_files: HashSet::new(),
+            dirty_dirs: HashSet::new(),
+            buffer: Vec::new(),
+            failed: None,
+            paced_until: None,
+        }
+    }
+
+    fn hybrid(&self) -> bool {
+        self.files.journals.is_some()
+    }
+
+    /// The plain log: re-applies every valid record after the header, then
+    /// checkpoints.
+    fn open_direct(path: &Path, files: Arc<Files>) -> Result<Log, StoreError> {
+        let mut file = LogFile::open(path, false, WAL_BYTES_CHECKPOINT)?;
+        let mut log = Log::new(Vec::new(), files);
+        let mut replayed = 0;
+        file.scan(|header, _, data| {
+            replayed += 1;
+            log.apply(header, data)
+        })?;
+        log.next_seq = file.next_seq();
+        log.logs.push(file);
+        if replayed > 0 {
+            tracing::info!(records = replayed, "replayed write-ahead log");
+        }
+        log.checkpoint()?;
+        log.paced_until = None;
+        Ok(log)
+    }
+
+    /// The journals: scans them all, applies their records in sequence order to the
+    /// index and the replicas' states, and resets the ones with nothing left to replay.
+    fn open_journals(mut logs: Vec<LogFile>, files: Arc<Files>) -> Result<Log, StoreError> {
+        let mut records = Vec::new();
+        for (j, log) in logs.iter_mut().enumerate() {
+            log.scan(|header, data_at, _| {
+                records.push((*header, j, data_at));
+                Ok(())
+            })?;
+        }
+        records.sort_by_key(|(header, _, _)| header.seq);
+        let mut log = Log::new(logs, files);
+        log.active = records.last().map_or(0, |&(_, j, _)| j);
+        for (header, j, data_at) in &records {
+            log.record_effects(header, *j, *data_at)?;
+        }
+        if !records.is_empty() {
+            tracing::info!(
+                records = records.len(),
+                "scanned the journals; replay resumes"
+            );
+        }
+        for j in 0..log.logs.len() {
+            if log.logs[j].start_seq.is_none() {
+                log.logs[j].reset(log.next_seq)?;
+            }
+            let used = log.logs[j].position - wal::HEADER_BYTES;
+            log.journals().set_used(j, used);
+        }
+        log.reclaim()?;
+        Ok(log)
+    }
+
+    fn journals(&self) -> &Journals {
+        self.files
+            .journals
+            .as_ref()
+            .expect("hybrid mode has journals")
     }
 
     async fn run(mut self, queue: Arc<Queue>) {
@@ -475,13 +681,26 @@ impl Log {
                         .min(changes.len());
                     batch.extend(changes.drain(..take));
                 }
+                if self.hybrid() && self.journals().replayed.swap(false, Ordering::Acquire) {
+                    if let Err(e) = self.reclaim() {
+                        tracing::error!("resetting replayed journals failed, will retry: {e}");
+                    }
+                }
                 if batch.is_empty() {
                     break;
                 }
-                for (done, result) in self.commit(&mut batch) {
+                let completions = if self.hybrid() {
+                    self.commit_journaled(&mut batch)
+                } else {
+                    self.commit(&mut batch)
+                };
+                if let Some(at) = self.paced_until.take() {
+                    tokio::time::sleep_until(at.into()).await;
+                }
+                for (done, result) in completions {
                     let _ = done.send(result);
                 }
-                if self.position >= WAL_BYTES_CHECKPOINT {
+                if !self.hybrid() && self.logs[0].position >= self.logs[0].quota {
                     if let Err(e) = self.checkpoint() {
                         tracing::error!("checkpoint failed, will retry: {e}");
                     }
@@ -490,26 +709,43 @@ impl Log {
         }
     }
 
-    /// Appends the batch as one write and one fdatasync, then applies it.
-    fn commit(&mut self, batch: &mut Vec<Change>) -> Completions {
-        if let Some(failed) = &self.failed {
-            let error = StoreError::Io(failed.clone());
-            return batch
-                .drain(..)
-                .map(|c| (c.done, Err(error.clone())))
-                .collect();
-        }
+    fn fail_all(batch: &mut Vec<Change>, error: StoreError) -> Completions {
+        batch
+            .drain(..)
+            .map(|c| (c.done, Err(error.clone())))
+            .collect()
+    }
+
+    /// Appends the batch to `self.logs[self.active]` as one write and one fdatasync.
+    fn append(&mut self, batch: &mut [Change]) -> io::Result<()> {
+        let log = &mut self.logs[self.active];
         self.buffer.clear();
         for change in batch.iter_mut() {
             change.header.seq = self.next_seq;
             self.next_seq += 1;
-            change.header.encode(&change.data, &mut self.buffer);
+            let data = if change.header.kind == Kind::Write {
+                &change.data[..]
+            } else {
+                &[]
+            };
+            change
+                .header
+                .encode(data, &mut self.buffer, log.position, log.aligned);
         }
-        let durable = self
-            .file
-            .write_all_at(&self.buffer, self.position)
-            .and_then(|_| self.file.sync_data());
-        if let Err(e) = durable {
+        log.file.write_all_at(&self.buffer, log.position)?;
+        log.file.sync_data()?;
+        if let (Some(first), Some(last)) = (batch.first(), batch.last()) {
+            log.seqs = Some((log.seqs.map_or(first.header.seq, |s| s.0), last.header.seq));
+        }
+        Ok(())
+    }
+
+    /// Plain mode: appends the batch, then applies it to the chunk files.
+    fn commit(&mut self, batch: &mut Vec<Change>) -> Completions {
+        if let Some(failed) = &self.failed {
+            return Log::fail_all(batch, StoreError::Io(failed.clone()));
+        }
+        if let Err(e) = self.append(batch) {
             // Nothing of the batch was acknowledged, but parts of it may be on disk
             // with valid checksums. A checkpoint moves the start sequence past them so
             // replay can never apply them; the sequence numbers are never reused. If
@@ -520,19 +756,9 @@ impl Log {
                 self.failed = Some(message.clone());
             }
             tracing::error!("{message}");
-            return batch
-                .drain(..)
-                .map(|change| {
-                    let error = if e.raw_os_error() == Some(libc::ENOSPC) {
-                        StoreError::NoSpace(message.clone())
-                    } else {
-                        StoreError::Io(message.clone())
-                    };
-                    (change.done, Err(error))
-                })
-                .collect();
+            return Log::fail_all(batch, append_error(&e, message));
         }
-        self.position += self.buffer.len() as u64;
+        self.logs[0].position += self.buffer.len() as u64;
         batch
             .drain(..)
             .map(|change| {
@@ -545,32 +771,200 @@ impl Log {
             .collect()
     }
 
-    fn apply(&mut self, header: &RecordHeader, data: &[u8]) -> Result<(), StoreError> {
-        let chunk = header.chunk;
-        if header.kind == Kind::DeleteVolume {
-            self.files.forget_volume(chunk.volume_id);
-            self.files
-                .metas
-                .lock()
-                .unwrap()
-                .retain(|c, _| c.volume_id != chunk.volume_id);
-            self.dirty_files.retain(|c| c.volume_id != chunk.volume_id);
-            match std::fs::remove_dir_all(self.files.volume_dir(chunk.volume_id)) {
-                Err(e) if e.kind() != ErrorKind::NotFound => return Err(e.into()),
-                _ => {}
+    /// The journal a batch of `bytes` goes to: the active ssd journal if it fits, else
+    /// the least-filled ssd journal that fits, else the hdd's own.
+    fn choose_journal(&self, bytes: u64) -> Option<usize> {
+        let local = self.logs.len() - 1;
+        let fits = |j: usize| self.logs[j].position + bytes <= self.logs[j].quota;
+        if self.active != local && fits(self.active) {
+            return Some(self.active);
+        }
+        (0..local)
+            .filter(|&j| fits(j))
+            .min_by_key(|&j| self.logs[j].position)
+            .or_else(|| fits(local).then_some(local))
+    }
+
+    /// Hybrid mode: small aligned writes go to a journal only; every other change
+    /// goes to the chunk files first, durably, then its record to the journal.
+    fn commit_journaled(&mut self, batch: &mut Vec<Change>) -> Completions {
+        if let Some(failed) = &self.failed {
+            return Log::fail_all(batch, StoreError::Io(failed.clone()));
+        }
+        let journaled = |h: &RecordHeader| {
+            h.kind == Kind::Write
+                && h.length <= JOURNAL_WRITE_BYTES_MAX
+                && h.offset.is_multiple_of(SECTOR_BYTES)
+                && h.length.is_multiple_of(SECTOR_BYTES)
+        };
+        // Upper bounds: a header and its padding per record, plus the data.
+        let headers = (batch.len() as u64) * (RECORD_HEADER_BYTES as u64 + SECTOR_BYTES);
+        let data: u64 = batch
+            .iter()
+            .filter(|c| journaled(&c.header))
+            .map(|c| c.header.length)
+            .sum();
+        let local = self.logs.len() - 1;
+        let (target, to_journal) = match self.choose_journal(headers + data) {
+            Some(j) => (j, true),
+            // No room for the data anywhere: everything bypasses; the hdd's own
+            // journal takes the records past its quota if it must.
+            None => (self.choose_journal(headers).unwrap_or(local), false),
+        };
+        if target != self.active {
+            tracing::info!(
+                from = %self.logs[self.active].path.display(),
+                to = %self.logs[target].path.display(),
+                "journal overflow: switching journals"
+            );
+            self.active = target;
+        }
+        for change in batch.iter_mut() {
+            if change.header.kind == Kind::Write && !(to_journal && journaled(&change.header)) {
+                change.header.kind = Kind::Bypass;
             }
-            self.dirty_dirs.insert(self.files.dir.join("chunks"));
+        }
+        let files = self.files.clone();
+        let journals = files.journals.as_ref().expect("hybrid mode has journals");
+        let _writes = journals.chunk_writes.lock().unwrap();
+        // After a crash nothing re-applies these to the chunk files (a newer write
+        // may have bypassed to the same range), so they must be durable before their
+        // records are.
+        let applied = batch
+            .iter()
+            .filter(|c| !matches!(c.header.kind, Kind::Write | Kind::Stamp))
+            .try_for_each(|c| self.apply_file(&c.header, &c.data))
+            .and_then(|()| self.sync_dirty());
+        if let Err(e) = applied {
+            tracing::error!("applying changes to chunk files failed: {e}");
+            return Log::fail_all(batch, e);
+        }
+        let start = self.logs[target].position;
+        if let Err(e) = self.append(batch) {
+            // Records of the batch left on disk are older than any later record at
+            // the same place, so the scan after a crash stops before them.
+            let message = format!("journal append failed: {e}");
+            tracing::error!("{message}");
+            return Log::fail_all(batch, append_error(&e, message));
+        }
+        let log = &mut self.logs[target];
+        log.position += self.buffer.len() as u64;
+        journals.set_used(target, log.position - wal::HEADER_BYTES);
+        let mut at = start;
+        batch
+            .drain(..)
+            .map(|change| {
+                let data_at = change.header.data_at(at, true);
+                at = data_at + change.header.data_len() as u64;
+                let result = self.record_effects(&change.header, target, data_at);
+                (change.done, result)
+            })
+            .collect()
+    }
+
+    /// Hybrid mode: what a durable record changes in memory (the replica's state and
+    /// the journal index), at commit and again when the journals are scanned.
+    fn record_effects(
+        &mut self,
+        header: &RecordHeader,
+        journal: usize,
+        data_at: u64,
+    ) -> Result<(), StoreError> {
+        self.apply_meta(header);
+        let journals = self.journals();
+        match header.kind {
+            Kind::Write => {
+                journals.insert(header.chunk, header.offset, header.length, journal, data_at)
+            }
+            Kind::Bypass | Kind::Zero | Kind::Punch => {
+                journals.erase(header.chunk, header.offset, header.length)
+            }
+            Kind::DeleteVolume => {
+                journals.drop_volume(header.chunk.volume_id);
+                Ok(())
+            }
+            Kind::Stamp => Ok(()),
+        }
+    }
+
+    /// Resets the journals nothing in the index points into any more, unless a
+    /// journal that stays holds an older record: the scan after a crash must find the
+    /// record that superseded any record it replays.
+    fn reclaim(&mut self) -> Result<(), StoreError> {
+        let live = self.journals().live();
+        let mut reset: Vec<bool> = (0..self.logs.len())
+            .map(|j| !live[j] && self.logs[j].seqs.is_some())
+            .collect();
+        loop {
+            let oldest_kept = (0..self.logs.len())
+                .filter(|&k| !reset[k])
+                .filter_map(|k| self.logs[k].seqs.map(|(first, _)| first))
+                .min();
+            let mut changed = false;
+            for (log, reset) in self.logs.iter().zip(reset.iter_mut()) {
+                let newest = log.seqs.map_or(0, |(_, last)| last);
+                if *reset && oldest_kept.is_some_and(|oldest| oldest < newest) {
+                    *reset = false;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        if !reset.contains(&true) {
             return Ok(());
         }
-        self.files.metas.lock().unwrap().insert(
-            chunk,
-            ChunkMeta {
-                view: header.view,
-                version: header.version,
-            },
-        );
-        if header.kind == Kind::Stamp {
-            return Ok(());
+        // The records about to go carry replica states and bypassed data.
+        self.sync_dirty()?;
+        meta::save(
+            &self.files.dir.join("meta"),
+            &self.files.metas.lock().unwrap().clone(),
+        )?;
+        for j in (0..self.logs.len()).filter(|&j| reset[j]) {
+            self.logs[j].reset(self.next_seq)?;
+            self.journals().set_used(j, 0);
+        }
+        Ok(())
+    }
+
+    /// Plain mode: a record's effect on the replica's state and its chunk file.
+    fn apply(&mut self, header: &RecordHeader, data: &[u8]) -> Result<(), StoreError> {
+        self.apply_meta(header);
+        self.apply_file(header, data)
+    }
+
+    fn apply_meta(&self, header: &RecordHeader) {
+        let chunk = header.chunk;
+        let mut metas = self.files.metas.lock().unwrap();
+        if header.kind == Kind::DeleteVolume {
+            metas.retain(|c, _| c.volume_id != chunk.volume_id);
+        } else {
+            metas.insert(
+                chunk,
+                ChunkMeta {
+                    view: header.view,
+                    version: header.version,
+                },
+            );
+        }
+    }
+
+    fn apply_file(&mut self, header: &RecordHeader, data: &[u8]) -> Result<(), StoreError> {
+        let chunk = header.chunk;
+        match header.kind {
+            Kind::Stamp => return Ok(()),
+            Kind::DeleteVolume => {
+                self.files.forget_volume(chunk.volume_id);
+                self.dirty_files.retain(|c| c.volume_id != chunk.volume_id);
+                match std::fs::remove_dir_all(self.files.volume_dir(chunk.volume_id)) {
+                    Err(e) if e.kind() != ErrorKind::NotFound => return Err(e.into()),
+                    _ => {}
+                }
+                self.dirty_dirs.insert(self.files.dir.join("chunks"));
+                return Ok(());
+            }
+            Kind::Write | Kind::Bypass | Kind::Zero | Kind::Punch => {}
         }
         let existed =
             self.files.open.lock().unwrap().contains_key(&chunk) || self.files.path(chunk).exists();
@@ -579,22 +973,29 @@ impl Log {
             .get(chunk, true)?
             .expect("get with create returns a file");
         if !existed {
-            self.dirty_dirs
-                .insert(self.files.volume_dir(chunk.volume_id));
-            self.dirty_dirs.insert(self.files.dir.join("chunks"));
+            self.dirty_dirs.extend(self.files.dirs_of(chunk));
         }
         self.dirty_files.insert(chunk);
-        match header.kind {
-            Kind::Write => file.write_all_at(data, header.offset)?,
-            Kind::Zero | Kind::Punch => zero_range(&file, header)?,
-            Kind::DeleteVolume | Kind::Stamp => unreachable!("handled above"),
+        if let Some(journals) = &self.files.journals {
+            journals.copy_edges(&file, chunk, header.offset, header.length)?;
         }
+        match header.kind {
+            Kind::Write | Kind::Bypass => file.write_all_at(data, header.offset)?,
+            _ => zero_range(&file, header)?,
+        }
+        let length = if header.kind == Kind::Punch || header.kind == Kind::Zero {
+            0 // metadata only: one seek
+        } else {
+            header.length
+        };
+        let done = self.files.pace(chunk, header.offset, length, true);
+        self.paced_until = self.paced_until.max(done);
         Ok(())
     }
 
-    /// Makes chunk files durable, then restarts the log after everything applied.
-    /// On error the dirty sets are kept, so a later checkpoint syncs them all again.
-    fn checkpoint(&mut self) -> Result<(), StoreError> {
+    /// Makes the chunk files and directories changed so far durable. On error the
+    /// dirty sets are kept, so a later call syncs them all again.
+    fn sync_dirty(&mut self) -> Result<(), StoreError> {
         for chunk in &self.dirty_files {
             if let Some(file) = self.files.get(*chunk, false)? {
                 file.sync_data()?;
@@ -607,14 +1008,26 @@ impl Log {
         }
         self.dirty_files.clear();
         self.dirty_dirs.clear();
+        Ok(())
+    }
+
+    /// Plain mode: makes chunk files durable, then restarts the log after everything
+    /// applied.
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        self.sync_dirty()?;
         // The log is about to forget the records that carry replication state.
         let metas = self.files.metas.lock().unwrap().clone();
         meta::save(&self.files.dir.join("meta"), &metas)?;
-        self.file
-            .write_all_at(&wal::encode_header(self.next_seq), 0)?;
-        self.file.sync_data()?;
-        self.position = wal::HEADER_BYTES;
-        Ok(())
+        let next_seq = self.next_seq;
+        self.logs[0].reset(next_seq)
+    }
+}
+
+fn append_error(e: &io::Error, message: String) -> StoreError {
+    if e.raw_os_error() == Some(libc::ENOSPC) {
+        StoreError::NoSpace(message)
+    } else {
+        StoreError::Io(message)
     }
 }
 
@@ -661,4 +1074,43 @@ fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<bool> {
         Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Fills `buf` from `offset`; past the end of the file reads as zeroes (sparse files).
+pub(crate) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The ranges of a file that hold data (SEEK_DATA / SEEK_HOLE).
+fn file_extents(file: &File) -> io::Result<Vec<(u64, u64)>> {
+    let seek = |offset: u64, whence| {
+        // SAFETY: plain syscall on an open descriptor; no memory is passed.
+        let at = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, whence) };
+        if at >= 0 {
+            Ok(Some(at as u64))
+        } else {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ENXIO) => Ok(None), // no data after `offset`
+                _ => Err(e),
+            }
+        }
+    };
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(start) = seek(at, libc::SEEK_DATA)? {
+        let end = seek(start, libc::SEEK_HOLE)?.expect("a file ends in a hole");
+        out.push((start, end - start));
+        at = end;
+    }
+    Ok(out)
 }

@@ -6,10 +6,16 @@
 //!          index u64 | offset u64 | length u64 | view u64 | version u64 |
 //!          data (length bytes, writes only)
 //! ```
-//! A record is valid when its magic and crc check and its `seq` is exactly the next
-//! expected one. The header's `start_seq` moves forward at each checkpoint, so records
-//! left over from before it can never be mistaken for new ones, and the log is reused
-//! from the start without being truncated or zeroed. `view` and `version` are the
+//! A record is valid when its magic and crc check and its `seq` is above the previous
+//! record's (at least `start_seq` for the first). The header's `start_seq` moves
+//! forward at each checkpoint, past every sequence number ever used, so records left
+//! over from before it can never be mistaken for new ones, and the log is reused from
+//! the start without being truncated or zeroed. Sequence numbers are global across
+//! the journals of one store (see `store`), so a file's records may skip numbers.
+//!
+//! Format 2 (the log in the data directory) packs records back to back. Format 3 (a
+//! journal) pads before the data so it starts on a [`SECTOR_BYTES`] boundary: the
+//! journal index addresses journal data in sectors. `view` and `version` are the
 //! chunk's replication state once the record is applied, so the state is durable in
 //! the same write as the data it describes.
 
@@ -20,7 +26,10 @@ pub const HEADER_BYTES: u64 = 4096;
 pub const RECORD_HEADER_BYTES: usize = 68;
 const HEADER_MAGIC: u32 = 0x464c_5748; // "FLWH"
 const RECORD_MAGIC: u32 = 0x464c_5752; // "FLWR"
-const FORMAT_VERSION: u32 = 2;
+const FORMAT_PACKED: u32 = 2;
+const FORMAT_ALIGNED: u32 = 3;
+/// Alignment of journal data (format 3), the journal index's unit.
+pub const SECTOR_BYTES: u64 = 512;
 /// No single record may carry more than this, so replay can bound its buffer.
 pub const RECORD_DATA_BYTES_MAX: u64 = 64 << 20;
 
@@ -36,6 +45,9 @@ pub enum Kind {
     DeleteVolume = 4,
     /// Only set the chunk's view and version.
     Stamp = 5,
+    /// A write whose data went straight to the chunk file (durably, before this
+    /// record): the record carries no data; it supersedes older journaled data.
+    Bypass = 6,
 }
 
 impl Kind {
@@ -46,6 +58,7 @@ impl Kind {
             3 => Kind::Punch,
             4 => Kind::DeleteVolume,
             5 => Kind::Stamp,
+            6 => Kind::Bypass,
             _ => return None,
         })
     }
@@ -72,7 +85,8 @@ impl RecordHeader {
         }
     }
 
-    pub fn encode(&self, data: &[u8], out: &mut Vec<u8>) {
+    /// Appends the record to `out`, whose first byte goes to file position `base`.
+    pub fn encode(&self, data: &[u8], out: &mut Vec<u8>, base: u64, aligned: bool) {
         debug_assert_eq!(data.len(), self.data_len());
         let start = out.len();
         out.put_u32_le(RECORD_MAGIC);
@@ -86,13 +100,25 @@ impl RecordHeader {
         out.put_u64_le(self.length);
         out.put_u64_le(self.view);
         out.put_u64_le(self.version);
-        out.extend_from_slice(data);
-        let crc = crc32c::crc32c(&out[start + 8..]);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&out[start + 8..]), data);
         out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        let data_at = self.data_at(base + start as u64, aligned);
+        out.resize((data_at - base) as usize, 0);
+        out.extend_from_slice(data);
     }
 
-    /// Parses a record header; `None` if it is not a plausible record with
-    /// sequence number `seq`. The crc is checked by [`RecordHeader::check`] once the
+    /// Where the data of a record starting at `position` begins.
+    pub fn data_at(&self, position: u64, aligned: bool) -> u64 {
+        let at = position + RECORD_HEADER_BYTES as u64;
+        if aligned && self.data_len() > 0 {
+            at.next_multiple_of(SECTOR_BYTES)
+        } else {
+            at
+        }
+    }
+
+    /// Parses a record header; `None` if it is not a plausible record with a
+    /// sequence number of at least `seq`. The crc is checked by [`RecordHeader::check`] once the
     /// data has been read.
     pub fn decode(raw: &[u8; RECORD_HEADER_BYTES], seq: u64) -> Option<(RecordHeader, u32)> {
         let mut r = &raw[..];
@@ -115,8 +141,7 @@ impl RecordHeader {
             view: r.get_u64_le(),
             version: r.get_u64_le(),
         };
-        if header.seq != seq
-            || (header.kind == Kind::Write && header.length > RECORD_DATA_BYTES_MAX)
+        if header.seq < seq || (header.kind == Kind::Write && header.length > RECORD_DATA_BYTES_MAX)
         {
             return None;
         }
@@ -128,11 +153,16 @@ impl RecordHeader {
     }
 }
 
-pub fn encode_header(start_seq: u64) -> [u8; HEADER_BYTES as usize] {
+/// A log header; `aligned` selects format 3 (journal data on sector boundaries).
+pub fn encode_header(start_seq: u64, aligned: bool) -> [u8; HEADER_BYTES as usize] {
     let mut out = [0u8; HEADER_BYTES as usize];
     let mut w = &mut out[..];
     w.put_u32_le(HEADER_MAGIC);
-    w.put_u32_le(FORMAT_VERSION);
+    w.put_u32_le(if aligned {
+        FORMAT_ALIGNED
+    } else {
+        FORMAT_PACKED
+    });
     w.put_u64_le(start_seq);
     let crc = crc32c::crc32c(&out[..16]);
     out[16..20].copy_from_slice(&crc.to_le_bytes());
@@ -146,8 +176,8 @@ pub enum HeaderError {
     Format(u32),
 }
 
-/// The start sequence number of a log header.
-pub fn decode_header(raw: &[u8]) -> Result<u64, HeaderError> {
+/// The start sequence number of a log header of the expected format.
+pub fn decode_header(raw: &[u8], aligned: bool) -> Result<u64, HeaderError> {
     if raw.len() < 20 || crc32c::crc32c(&raw[..16]) != (&raw[16..20]).get_u32_le() {
         return Err(HeaderError::NotALog);
     }
@@ -156,7 +186,8 @@ pub fn decode_header(raw: &[u8]) -> Result<u64, HeaderError> {
         return Err(HeaderError::NotALog);
     }
     match r.get_u32_le() {
-        FORMAT_VERSION => Ok(r.get_u64_le()),
+        FORMAT_ALIGNED if aligned => Ok(r.get_u64_le()),
+        FORMAT_PACKED if !aligned => Ok(r.get_u64_le()),
         other => Err(HeaderError::Format(other)),
     }
 }
@@ -180,7 +211,7 @@ mod tests {
             version: 1 << 32 | 9,
         };
         let mut out = Vec::new();
-        header.encode(b"abc", &mut out);
+        header.encode(b"abc", &mut out, 0, false);
         let raw: [u8; RECORD_HEADER_BYTES] = out[..RECORD_HEADER_BYTES].try_into().unwrap();
         let (back, crc) = RecordHeader::decode(&raw, 5).unwrap();
         assert_eq!(back, header);
@@ -193,7 +224,14 @@ mod tests {
             RecordHeader::decode(&raw, 6).is_none(),
             "stale sequence rejected"
         );
-        assert_eq!(decode_header(&encode_header(77)), Ok(77));
-        assert_eq!(decode_header(&[0u8; 4096]), Err(HeaderError::NotALog));
+        assert!(RecordHeader::decode(&raw, 4).is_some(), "numbers may skip");
+        assert_eq!(header.data_at(100, false), 168);
+        assert_eq!(header.data_at(100, true), 512);
+        assert_eq!(decode_header(&encode_header(77, false), false), Ok(77));
+        assert_eq!(
+            decode_header(&encode_header(77, true), false),
+            Err(HeaderError::Format(FORMAT_ALIGNED))
+        );
+        assert_eq!(decode_header(&[0u8; 4096], true), Err(HeaderError::NotALog));
     }
 }

@@ -25,7 +25,7 @@ async fn writes_zeroes_and_reopen() {
     {
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(
-            &store.read(CHUNK, 0, 8).unwrap()[..],
+            &store.read(CHUNK, 0, 8).await.unwrap()[..],
             &[0; 8],
             "unwritten reads zero"
         );
@@ -43,7 +43,7 @@ async fn writes_zeroes_and_reopen() {
         ));
     }
     let store = Store::open(dir.path()).unwrap();
-    let data = store.read(CHUNK, 4096, 8192).unwrap();
+    let data = store.read(CHUNK, 4096, 8192).await.unwrap();
     assert!(data[..10].iter().all(|&b| b == 0));
     assert!(data[10..4096].iter().all(|&b| b == 0xab));
     assert!(data[4096..4196].iter().all(|&b| b == 0));
@@ -51,7 +51,7 @@ async fn writes_zeroes_and_reopen() {
     assert_eq!(store.chunks(), vec![CHUNK]);
     store.delete_volume(7).await.unwrap();
     assert!(store.chunks().is_empty());
-    assert_eq!(&store.read(CHUNK, 4096, 4).unwrap()[..], &[0; 4]);
+    assert_eq!(&store.read(CHUNK, 4096, 4).await.unwrap()[..], &[0; 4]);
 }
 
 /// Copies the live log aside before the store checkpoints on shutdown, as a crash
@@ -86,7 +86,7 @@ async fn replay_applies_whole_records_and_stops_at_a_torn_tail() {
         "state replayed with the data"
     );
     for i in 0..100u64 {
-        let data = store.read(CHUNK, i * 4096, 4096).unwrap();
+        let data = store.read(CHUNK, i * 4096, 4096).await.unwrap();
         assert!(
             data.iter().all(|&b| b == i as u8 + 1),
             "record {i} replayed whole"
@@ -104,8 +104,8 @@ async fn replay_applies_whole_records_and_stops_at_a_torn_tail() {
         version(101),
         "state kept across checkpoints"
     );
-    assert_eq!(store.read(CHUNK, 0, 1).unwrap()[0], 0xee);
-    assert_eq!(store.read(CHUNK, 512, 1).unwrap()[0], 1);
+    assert_eq!(store.read(CHUNK, 0, 1).await.unwrap()[0], 0xee);
+    assert_eq!(store.read(CHUNK, 512, 1).await.unwrap()[0], 1);
 }
 
 #[tokio::test]
@@ -123,7 +123,7 @@ async fn a_foreign_log_file_is_refused_not_overwritten() {
 async fn extents_and_checksums_see_data_not_holes() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let empty = store.checksum(CHUNK, 1 << 20).unwrap();
+    let empty = store.checksum(CHUNK, 1 << 20).await.unwrap();
     assert!(store.extents(CHUNK).unwrap().is_empty());
     store
         .write(CHUNK, 512 << 10, Bytes::from(vec![1; 4096]), version(1))
@@ -133,7 +133,7 @@ async fn extents_and_checksums_see_data_not_holes() {
     assert_eq!(extents.len(), 1);
     let (start, length) = extents[0];
     assert!(start <= 512 << 10 && start + length >= (512 << 10) + 4096);
-    let written = store.checksum(CHUNK, 1 << 20).unwrap();
+    let written = store.checksum(CHUNK, 1 << 20).await.unwrap();
     assert_ne!(written, empty);
     store.set_meta(CHUNK, version(2)).await.unwrap();
     assert_eq!(store.meta(CHUNK), version(2));
@@ -141,5 +141,5 @@ async fn extents_and_checksums_see_data_not_holes() {
         .zero(CHUNK, 512 << 10, 4096, true, version(3))
         .await
         .unwrap();
-    assert_eq!(store.checksum(CHUNK, 1 << 20).unwrap(), empty);
+    assert_eq!(store.checksum(CHUNK, 1 << 20).await.unwrap(), empty);
 }

@@ -210,7 +210,7 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
     let journals: std::collections::HashMap<ServerId, JournalUsage> =
         status.qos.journals.iter().copied().collect();
     println!(
-        "{:<4} {:<12} {:<22} {:<5} {:<5} {:>10} {:>10} {:>18}",
+        "{:<4} {:<12} {:<22} {:<14} {:<5} {:>10} {:>10} {:>18}",
         "ID", "HOST", "ADDRESS", "CLASS", "STATE", "USED", "CAPACITY", "JOURNAL"
     );
     for s in &status.servers {
@@ -222,11 +222,15 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
             )
         });
         println!(
-            "{:<4} {:<12} {:<22} {:<5} {:<5} {:>10} {:>10} {:>18}",
+            "{:<4} {:<12} {:<22} {:<14} {:<5} {:>10} {:>10} {:>18}",
             s.id,
             s.host,
             s.address,
-            s.class,
+            if s.emulated {
+                format!("{} (emulated)", s.class)
+            } else {
+                s.class.to_string()
+            },
             if s.lost {
                 "LOST"
             } else if s.up {

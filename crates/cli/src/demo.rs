@@ -24,6 +24,8 @@ pub struct Options {
     pub metadata: Option<String>,
     pub placement: PlacementMode,
     pub mode: VolumeMode,
+    pub emulate_hdd: bool,
+    pub journal_quota: Option<u64>,
 }
 
 /// (host, device class) of each chunk server.
@@ -170,6 +172,24 @@ fn stop_all(processes: &mut [Process]) {
     }
 }
 
+/// Hybrid mode for an hdd server: its journal lives in the data directory of the same
+/// host's ssd server (URSA: journals on an ssd of the same machine).
+fn hdd_arguments(options: &Options, host: &str) -> Vec<String> {
+    let ssd = CHUNK_SERVERS
+        .iter()
+        .position(|&(h, class)| h == host && class == "ssd")
+        .expect("every demo host has an ssd server");
+    let journal = options.dir.join(format!("cs-{ssd}")).join("hdd-journal");
+    let mut out = args(&["--journal", &journal.display().to_string()]);
+    if let Some(quota) = options.journal_quota {
+        out.extend(args(&["--journal-quota", &quota.to_string()]));
+    }
+    if options.emulate_hdd {
+        out.push("--emulate-hdd".into());
+    }
+    out
+}
+
 async fn start(
     options: &Options,
     master_address: &str,
@@ -196,21 +216,25 @@ async fn start(
     for (i, (host, class)) in CHUNK_SERVERS.iter().enumerate() {
         let data = dir.join(format!("cs-{i}"));
         let listen = format!("127.0.0.1:{}", options.port + 1 + i as u16);
+        let mut arguments = args(&[
+            "chunkserver",
+            "--dir",
+            &data.display().to_string(),
+            "--listen",
+            &listen,
+            "--master",
+            master_address,
+            "--host",
+            host,
+            "--class",
+            class,
+        ]);
+        if *class == "hdd" {
+            arguments.extend(hdd_arguments(options, host));
+        }
         processes.push(Process::spawn(
             &format!("chunkserver-{i}"),
-            &args(&[
-                "chunkserver",
-                "--dir",
-                &data.display().to_string(),
-                "--listen",
-                &listen,
-                "--master",
-                master_address,
-                "--host",
-                host,
-                "--class",
-                class,
-            ]),
+            &arguments,
             logs,
         )?);
     }

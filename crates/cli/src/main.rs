@@ -54,6 +54,12 @@ enum Command {
         /// Device classes of the demo volume: ssd, hybrid or hdd.
         #[arg(long, default_value = "hybrid")]
         mode: VolumeMode,
+        /// Emulate hdd latencies on the hdd chunk servers (labelled as emulation).
+        #[arg(long)]
+        emulate_hdd: bool,
+        /// Quota of each hdd server's journals (default a tenth of the file system).
+        #[arg(long, value_parser = size::parse)]
+        journal_quota: Option<u64>,
     },
     /// Run the master.
     Master {
@@ -131,6 +137,15 @@ struct ChunkserverArgs {
     /// Capacity to advertise; defaults to the size of the file system under --dir.
     #[arg(long, value_parser = size::parse)]
     capacity: Option<u64>,
+    /// (hdd) Emulate a hard disk's seek, rotation and transfer times on chunk files.
+    #[arg(long)]
+    emulate_hdd: bool,
+    /// (hdd) Journal directory on an ssd of the same host; repeat for overflow.
+    #[arg(long = "journal")]
+    journals: Vec<PathBuf>,
+    /// Bytes each journal may fill; defaults to a tenth of its file system.
+    #[arg(long, value_parser = size::parse)]
+    journal_quota: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -265,6 +280,8 @@ async fn execute(cli: Cli) -> Result<(), String> {
             metadata,
             placement,
             mode,
+            emulate_hdd,
+            journal_quota,
         } => {
             demo::run(demo::Options {
                 dir,
@@ -274,6 +291,8 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 metadata,
                 placement,
                 mode,
+                emulate_hdd,
+                journal_quota,
             })
             .await
         }
@@ -314,12 +333,36 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     host,
                     class,
                     capacity,
+                    emulate_hdd,
+                    journals,
+                    journal_quota,
                 }),
             ..
         } => {
             let capacity_bytes = match capacity {
                 Some(c) => c,
                 None => filesystem_bytes(&dir)?,
+            };
+            if class != DeviceClass::Hdd && (emulate_hdd || !journals.is_empty()) {
+                return Err("--emulate-hdd and --journal are for --class hdd".into());
+            }
+            let quota = |dir: &std::path::Path| match journal_quota {
+                Some(q) => Ok(q),
+                None => filesystem_bytes(dir).map(|b| b / 10),
+            };
+            let journal_dirs = journals
+                .iter()
+                .map(|dir| {
+                    Ok(floe_chunkserver::JournalDir {
+                        dir: dir.clone(),
+                        quota_bytes: quota(dir)?,
+                    })
+                })
+                .collect::<Result<_, String>>()?;
+            let store = floe_chunkserver::StoreOptions {
+                journal_dirs,
+                local_journal_quota_bytes: quota(&dir)?,
+                emulate_hdd,
             };
             floe_chunkserver::run(floe_chunkserver::Config {
                 dir,
@@ -329,6 +372,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 host,
                 class,
                 capacity_bytes,
+                store,
             })
             .await
         }

@@ -228,6 +228,7 @@ impl Master {
                 address,
                 host,
                 class,
+                emulated,
                 capacity_bytes,
             } => {
                 let existing = state
@@ -253,6 +254,7 @@ impl Master {
                     address,
                     host,
                     class,
+                    emulated,
                     capacity_bytes,
                     used_bytes: 0,
                     up: true,

@@ -77,6 +77,8 @@ pub enum ControlRequest {
         address: String,
         host: String,
         class: DeviceClass,
+        #[serde(default)]
+        emulated: bool,
         capacity_bytes: u64,
     },
     Heartbeat {

@@ -47,6 +47,9 @@ pub struct ServerInfo {
     pub address: String,
     pub host: String,
     pub class: DeviceClass,
+    /// The device's hdd latencies are emulated (`--emulate-hdd`), for tests.
+    #[serde(default)]
+    pub emulated: bool,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
     /// Filled in by the master from heartbeats; not stored.

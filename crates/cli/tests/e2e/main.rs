@@ -11,6 +11,7 @@ mod ext4;
 mod failover;
 mod fencing;
 mod fio;
+mod hybrid;
 mod io_helpers;
 mod mark_lost;
 mod netcut;

@@ -305,6 +305,7 @@ fn journal_pressure_throttles_writes_until_it_drains() {
                 host: format!("host-{i}"),
                 class: DeviceClass::Ssd,
                 capacity_bytes: 1 << 40,
+                emulated: false,
             };
             match call(&master, register).await {
                 ControlResponse::Registered { id } => ids.push(id),

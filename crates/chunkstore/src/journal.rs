@@ -1,0 +1,458 @@
+//! Hybrid mode (URSA §3.2-3.3): journals on ssds in front of an hdd's chunk files.
+//!
+//! The store's log becomes a set of journals: one file in each `--journal` directory
+//! (ssds of the same host) and one in the hdd's data directory (the last resort). A
+//! write of at most [`JOURNAL_WRITE_BYTES_MAX`] whose offset and length are whole
+//! sectors is acknowledged once its record is durable in a journal, and recorded in its
+//! chunk's [`JournalIndex`]; it is not applied to the chunk file at commit. Every other
+//! change (larger or unaligned writes, zeroes, deletes) goes to the chunk file, durably,
+//! *before* its record is logged, and erases what the index holds for its range: its
+//! record (a `Bypass` record for a write, without data) carries the chunk's view and
+//! version, so the replica never claims a version whose data it lacks.
+//!
+//! The replay worker (one thread per store, so per hdd) copies live journal data into
+//! the chunk files in elevator order, syncs them, and only then drops the index
+//! entries. The committer resets a journal (frees its space) once nothing in the index
+//! points into it and no journal that stays holds an older record: after a crash the
+//! journals are scanned in sequence order and the index rebuilt, so a dropped record
+//! must never have been the one that superseded a record that is replayed again.
+//!
+//! Overflow: a batch goes to the active ssd journal while it fits its quota, else to
+//! the least-filled other ssd journal, else to the hdd's own journal, which is replayed
+//! only while the hdd is idle; when none has room, writes bypass the journals.
+
+use crate::journal_index::{JournalIndex, Piece};
+use crate::store::{read_at, Files, LogFile, Queue, StoreError, CHUNK_BYTES_MAX};
+use crate::wal::SECTOR_BYTES;
+use floe_protocol::ChunkId;
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// URSA's T_j: larger writes bypass the journal.
+pub const JOURNAL_WRITE_BYTES_MAX: u64 = 64 << 10;
+/// The hdd's own journal, in its data directory.
+pub(crate) const LOCAL_FILE: &str = "journal";
+/// The journal file inside each `--journal` directory.
+const FILE_IN_DIR: &str = "floe-journal";
+/// Index positions are global across journals: journal `j` owns sectors
+/// `[j << SPAN_BITS, (j + 1) << SPAN_BITS)`, 256 GiB each.
+const SPAN_BITS: u32 = 29;
+const SPAN_BYTES: u64 = (1 << SPAN_BITS) * SECTOR_BYTES;
+/// Spans that fit below the index's journal limit (2^32 - 1 sectors).
+const JOURNALS_MAX: usize = 7;
+const CHUNK_SECTORS: u64 = CHUNK_BYTES_MAX / SECTOR_BYTES;
+/// Journal bytes one replay sweep copies before it syncs and frees them.
+const REPLAY_BATCH_BYTES: u64 = 4 << 20;
+/// How often an idle replay worker looks for work.
+const REPLAY_POLL: Duration = Duration::from_millis(20);
+/// Foreground quiet time after which the hdd counts as idle (for its own journal).
+const HDD_IDLE: Duration = Duration::from_millis(200);
+
+/// Where a replay sweep starts when it has nothing to continue from.
+const ORIGIN: (ChunkId, u64) = (
+    ChunkId {
+        volume_id: 0,
+        index: 0,
+    },
+    0,
+);
+
+/// Journal files as the store opens them: directory and quota in bytes.
+#[derive(Debug, Clone)]
+pub struct JournalDir {
+    pub dir: PathBuf,
+    pub quota_bytes: u64,
+}
+
+/// The journals' shared state: readers, the committer and the replay worker use it.
+pub(crate) struct Journals {
+    files: Vec<Arc<File>>,
+    quotas: Vec<u64>,
+    /// Bytes appended to each journal since its last reset.
+    used: Vec<AtomicU64>,
+    index: Mutex<HashMap<ChunkId, JournalIndex>>,
+    /// Held by whoever writes chunk files while looking at the index (the committer
+    /// for a batch, the replay worker for one piece), so replay never writes stale
+    /// journal data over a newer bypass write.
+    pub(crate) chunk_writes: Mutex<()>,
+    /// Set by the replay worker when it freed index entries: the committer may reset.
+    pub(crate) replayed: AtomicBool,
+}
+
+fn sectors(offset: u64, length: u64) -> (u64, u64) {
+    let first = offset / SECTOR_BYTES;
+    (first, (offset + length).div_ceil(SECTOR_BYTES) - first)
+}
+
+/// Index position of journal `journal`'s byte `at`.
+fn position(journal: usize, at: u64) -> u64 {
+    ((journal as u64) << SPAN_BITS) | (at / SECTOR_BYTES)
+}
+
+/// Journal number and byte offset of an index position.
+fn locate(position: u64) -> (usize, u64) {
+    (
+        (position >> SPAN_BITS) as usize,
+        (position & ((1 << SPAN_BITS) - 1)) * SECTOR_BYTES,
+    )
+}
+
+impl Journals {
+    /// Opens the journal files: `dirs` in order, then the hdd's own in `data_dir`.
+    pub(crate) fn open(
+        data_dir: &Path,
+        dirs: &[JournalDir],
+        local_quota_bytes: u64,
+    ) -> Result<(Journals, Vec<LogFile>), StoreError> {
+        if dirs.len() + 1 > JOURNALS_MAX {
+            return Err(StoreError::Io(format!(
+                "at most {} journal directories",
+                JOURNALS_MAX - 1
+            )));
+        }
+        let paths = dirs
+            .iter()
+            .map(|d| (d.dir.join(FILE_IN_DIR), d.quota_bytes))
+            .chain([(data_dir.join(LOCAL_FILE), local_quota_bytes)]);
+        let mut logs = Vec::new();
+        for (path, quota) in paths {
+            std::fs::create_dir_all(path.parent().expect("journal path has a parent"))?;
+            let log = LogFile::open(&path, true, quota.min(SPAN_BYTES))?;
+            // SAFETY: plain syscall on an open descriptor.
+            if unsafe { libc::flock(log.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                return Err(StoreError::Io(format!(
+                    "journal {} is in use by another chunk server; give each hdd its own \
+                     journal directories",
+                    path.display()
+                )));
+            }
+            logs.push(log);
+        }
+        let journals = Journals {
+            files: logs.iter().map(|l| l.file.clone()).collect(),
+            quotas: logs.iter().map(|l| l.quota).collect(),
+            used: logs.iter().map(|_| AtomicU64::new(0)).collect(),
+            index: Mutex::default(),
+            chunk_writes: Mutex::new(()),
+            replayed: AtomicBool::new(false),
+        };
+        Ok((journals, logs))
+    }
+
+    pub(crate) fn set_used(&self, journal: usize, bytes: u64) {
+        self.used[journal].store(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn usage(&self) -> (u64, u64) {
+        let used = self.used.iter().map(|u| u.load(Ordering::Relaxed)).sum();
+        (used, self.quotas.iter().sum())
+    }
+
+    /// Records that `length` bytes at chunk `offset` live in `journal` at byte `at`.
+    pub(crate) fn insert(
+        &self,
+        chunk: ChunkId,
+        offset: u64,
+        length: u64,
+        journal: usize,
+        at: u64,
+    ) -> Result<(), StoreError> {
+        debug_assert!(offset.is_multiple_of(SECTOR_BYTES) && length.is_multiple_of(SECTOR_BYTES));
+        let mut index = self.index.lock().unwrap();
+        let entry = match index.entry(chunk) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(JournalIndex::new(CHUNK_SECTORS).map_err(index_error)?)
+            }
+        };
+        entry
+            .insert(
+                offset / SECTOR_BYTES,
+                length / SECTOR_BYTES,
+                position(journal, at),
+            )
+            .map_err(index_error)
+    }
+
+    /// Forgets journal data for every sector a range touches. Partly covered sectors
+    /// must have been copied to the chunk file first ([`Journals::copy_edges`]).
+    pub(crate) fn erase(&self, chunk: ChunkId, offset: u64, length: u64) -> Result<(), StoreError> {
+        let mut index = self.index.lock().unwrap();
+        if let Some(entry) = index.get_mut(&chunk) {
+            let (first, count) = sectors(offset, length);
+            entry.remove(first, count).map_err(index_error)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn drop_volume(&self, volume_id: u64) {
+        self.index
+            .lock()
+            .unwrap()
+            .retain(|c, _| c.volume_id != volume_id);
+    }
+
+    /// Before a change of `[offset, offset + length)` goes to the chunk file: copies
+    /// the journaled data of the sectors it only partly covers into the chunk file, so
+    /// erasing those whole sectors from the index afterwards loses nothing.
+    pub(crate) fn copy_edges(
+        &self,
+        file: &File,
+        chunk: ChunkId,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), StoreError> {
+        let end = offset + length;
+        let edges = [
+            (!offset.is_multiple_of(SECTOR_BYTES)).then_some(offset / SECTOR_BYTES),
+            (!end.is_multiple_of(SECTOR_BYTES)).then_some(end / SECTOR_BYTES),
+        ];
+        let index = self.index.lock().unwrap();
+        let Some(entry) = index.get(&chunk) else {
+            return Ok(());
+        };
+        let mut sector = [0u8; SECTOR_BYTES as usize];
+        for edge in edges.into_iter().flatten().collect::<HashSet<_>>() {
+            if let [Piece::Journal { journal, .. }] = entry.query(edge, 1).map_err(index_error)?[..]
+            {
+                let (j, at) = locate(journal);
+                read_at(&self.files[j], &mut sector, at)?;
+                file.write_all_at(&sector, edge * SECTOR_BYTES)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills the journaled parts of `out` (chunk bytes from `offset`) from the journals;
+    /// returns the rest, the byte ranges to read from the chunk file.
+    pub(crate) fn read(
+        &self,
+        chunk: ChunkId,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        let end = offset + out.len() as u64;
+        let index = self.index.lock().unwrap();
+        let Some(entry) = index.get(&chunk) else {
+            return Ok(vec![(offset, out.len() as u64)]);
+        };
+        let (first, count) = sectors(offset, out.len() as u64);
+        let mut holes = Vec::new();
+        // The index lock is held across the journal reads: a journal is reset only
+        // when the index no longer points into it.
+        for piece in entry.query(first, count).map_err(index_error)? {
+            let (sector, len, journal) = match piece {
+                Piece::Journal {
+                    offset,
+                    len,
+                    journal,
+                } => (offset, len, Some(journal)),
+                Piece::Hole { offset, len } => (offset, len, None),
+            };
+            let from = (sector * SECTOR_BYTES).max(offset);
+            let to = ((sector + len) * SECTOR_BYTES).min(end);
+            match journal {
+                Some(journal) => {
+                    let (j, at) = locate(journal);
+                    let skip = from - sector * SECTOR_BYTES;
+                    let range = (from - offset) as usize..(to - offset) as usize;
+                    read_at(&self.files[j], &mut out[range], at + skip)?;
+                }
+                None => holes.push((from, to - from)),
+            }
+        }
+        Ok(holes)
+    }
+
+    /// Byte ranges of the chunk held in the journals.
+    pub(crate) fn extents(&self, chunk: ChunkId) -> Vec<(u64, u64)> {
+        let index = self.index.lock().unwrap();
+        let Some(entry) = index.get(&chunk) else {
+            return Vec::new();
+        };
+        entry
+            .query(0, CHUNK_SECTORS)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| match p {
+                Piece::Journal { offset, len, .. } => {
+                    Some((offset * SECTOR_BYTES, len * SECTOR_BYTES))
+                }
+                Piece::Hole { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Which journals the index still points into.
+    pub(crate) fn live(&self) -> Vec<bool> {
+        let mut live = vec![false; self.files.len()];
+        for entry in self.index.lock().unwrap().values() {
+            for piece in entry.query(0, CHUNK_SECTORS).unwrap_or_default() {
+                if let Piece::Journal { journal, .. } = piece {
+                    live[locate(journal).0] = true;
+                }
+            }
+        }
+        live
+    }
+}
+
+fn index_error(e: crate::journal_index::IndexError) -> StoreError {
+    StoreError::Io(format!("journal index: {e}"))
+}
+
+/// Starts the replay worker; it stops once the store is gone.
+pub(crate) fn spawn_replay(files: Weak<Files>, queue: Arc<Queue>) {
+    std::thread::Builder::new()
+        .name("journal-replay".into())
+        .spawn(move || {
+            let mut cursor = ORIGIN;
+            loop {
+                let Some(files) = files.upgrade() else { return };
+                match replay_sweep(&files, &mut cursor) {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        files
+                            .journals
+                            .as_ref()
+                            .expect("replay runs with journals")
+                            .replayed
+                            .store(true, Ordering::Release);
+                        queue.wake.notify_one();
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::error!("journal replay failed, will retry: {e}");
+                        drop(files);
+                        std::thread::sleep(Duration::from_secs(1));
+                        continue;
+                    }
+                }
+                drop(files);
+                std::thread::sleep(REPLAY_POLL);
+            }
+        })
+        .expect("spawning the replay thread");
+}
+
+/// One elevator sweep: copies up to [`REPLAY_BATCH_BYTES`] of live journal data into
+/// the chunk files, going up from `cursor` (chunk, sector) and wrapping around, syncs
+/// them, then drops the index entries that still point where they were copied from.
+/// Returns the sectors copied.
+fn replay_sweep(files: &Files, cursor: &mut (ChunkId, u64)) -> Result<u64, StoreError> {
+    let journals = files.journals.as_ref().expect("replay runs with journals");
+    let local = journals.files.len() - 1;
+    let hdd_idle = files.hdd.as_ref().is_none_or(|hdd| hdd.idle(HDD_IDLE));
+    // (chunk, sector, sectors, journal position), in chunk order.
+    let mut pieces = Vec::new();
+    {
+        let index = journals.index.lock().unwrap();
+        let mut chunks: Vec<_> = index.keys().copied().collect();
+        chunks.sort_unstable();
+        for chunk in chunks {
+            for piece in index[&chunk].query(0, CHUNK_SECTORS).unwrap_or_default() {
+                if let Piece::Journal {
+                    offset,
+                    len,
+                    journal,
+                } = piece
+                {
+                    if hdd_idle || locate(journal).0 != local {
+                        pieces.push((chunk, offset, len, journal));
+                    }
+                }
+            }
+        }
+    }
+    let start = pieces.partition_point(|p| (p.0, p.1) < *cursor);
+    pieces.rotate_left(start);
+    let mut budget = REPLAY_BATCH_BYTES / SECTOR_BYTES;
+    let mut copied = Vec::new();
+    let mut touched = HashSet::new();
+    let mut data = Vec::new();
+    for (chunk, sector, len, journal) in pieces {
+        if budget == 0 {
+            break;
+        }
+        let len = len.min(budget);
+        budget -= len;
+        if let Some(at) = files.pace(chunk, sector * SECTOR_BYTES, len * SECTOR_BYTES, false) {
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        }
+        let _writes = journals.chunk_writes.lock().unwrap();
+        let index = journals.index.lock().unwrap();
+        let Some(entry) = index.get(&chunk) else {
+            continue; // the volume was deleted meanwhile
+        };
+        for piece in entry.query(sector, len).map_err(index_error)? {
+            // Only what still points where this sweep found it: newer data superseded
+            // the rest.
+            let Piece::Journal {
+                offset,
+                len,
+                journal: now,
+            } = piece
+            else {
+                continue;
+            };
+            if now != journal + (offset - sector) {
+                continue;
+            }
+            let (j, at) = locate(now);
+            data.resize((len * SECTOR_BYTES) as usize, 0);
+            read_at(&journals.files[j], &mut data, at)?;
+            let file = files
+                .get(chunk, true)?
+                .expect("get with create returns a file");
+            file.write_all_at(&data, offset * SECTOR_BYTES)?;
+            touched.insert(chunk);
+            copied.push((chunk, offset, len, now));
+        }
+        *cursor = (chunk, sector + len);
+    }
+    if copied.is_empty() {
+        *cursor = ORIGIN;
+        return Ok(0);
+    }
+    let mut dirs = HashSet::new();
+    for chunk in &touched {
+        if let Some(file) = files.get(*chunk, false)? {
+            file.sync_data()?;
+        }
+        dirs.extend(files.dirs_of(*chunk));
+    }
+    for dir in dirs {
+        File::open(dir)?.sync_all()?;
+    }
+    let mut index = journals.index.lock().unwrap();
+    let mut sectors = 0;
+    for (chunk, offset, len, journal) in copied {
+        let Some(entry) = index.get_mut(&chunk) else {
+            continue;
+        };
+        for piece in entry.query(offset, len).map_err(index_error)? {
+            if let Piece::Journal {
+                offset: o,
+                len: l,
+                journal: now,
+            } = piece
+            {
+                if now == journal + (o - offset) {
+                    entry.remove(o, l).map_err(index_error)?;
+                    sectors += l;
+                }
+            }
+        }
+        entry.merge();
+        if entry.tree_len() + entry.array_len() == 0 {
+            index.remove(&chunk);
+        }
+    }
+    Ok(sectors)
+}

@@ -1,0 +1,219 @@
+//! Hybrid mode (journals on ssds in front of hdd chunk servers): kill -9 of an hdd
+//! chunk server while its journal replays, and while its journals overflow; large
+//! writes that bypass the journal must supersede older small writes on the hdd.
+
+use crate::cluster::{free_ports, nbdsh, ok, Cluster, FLOE};
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+const BLOCK: u64 = 4096;
+/// The demo volume's layout and id (see crash.rs).
+const UNIT: u64 = 64 << 10;
+const COUNT: u64 = 4;
+const VOLUME_ID: u64 = 1;
+
+/// (chunk index, offset in the chunk) of a volume offset in the first object set.
+fn locate(offset: u64) -> (u64, u64) {
+    let stripe = offset / UNIT;
+    (stripe % COUNT, (stripe / COUNT) * UNIT + offset % UNIT)
+}
+
+/// Writes `count` random 4 KiB blocks in the first `region` bytes, each synchronously
+/// (acknowledged when pwrite returns); returns the last content of every block written.
+fn small_writes(uri: &str, count: u32, region: u64, seed: u32) -> HashMap<u64, u8> {
+    let script = format!(
+        "import random\n\
+         r = random.Random({seed})\n\
+         last = {{}}\n\
+         for i in range({count}):\n    \
+             b = r.randrange({blocks})\n    \
+             v = (i % 251) + 1\n    \
+             h.pwrite(bytes([v]) * {BLOCK}, b * {BLOCK})\n    \
+             last[b] = v\n\
+         print(' '.join(f'{{b}}:{{v}}' for b, v in last.items()))\n",
+        blocks = region / BLOCK
+    );
+    let out = ok(nbdsh().args(["-u", uri, "-c", &script]));
+    out.split_whitespace()
+        .map(|pair| {
+            let (b, v) = pair.split_once(':').expect("block:value");
+            (b.parse().unwrap(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Reads every block back through NBD and checks its content.
+fn check_reads(uri: &str, expected: &HashMap<u64, u8>) {
+    let list: Vec<String> = expected.iter().map(|(b, v)| format!("({b},{v})")).collect();
+    let script = format!(
+        "bad = [(b, v) for b, v in [{}] if h.pread({BLOCK}, b * {BLOCK}) != bytes([v]) * {BLOCK}]\n\
+         print(len(bad), bad[:5])\n",
+        list.join(",")
+    );
+    let out = ok(nbdsh().args(["-u", uri, "-c", &script]));
+    assert!(
+        out.starts_with("0 "),
+        "acknowledged writes read back wrong: {out}"
+    );
+}
+
+/// The hdd chunk server (demo index) holding the most chunks of the first object set.
+fn busiest_hdd(cluster: &Cluster) -> usize {
+    let mut held = HashMap::new();
+    for (chunk, servers) in cluster.placement() {
+        if chunk < COUNT {
+            for s in servers.into_iter().filter(|s| s % 2 == 1) {
+                *held.entry(s).or_insert(0) += 1;
+            }
+        }
+    }
+    *held
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .expect("some hdd server holds a chunk")
+        .0
+}
+
+fn kill9(pid: u32) {
+    // SAFETY: kill(2) on a cluster process this test started (through the demo).
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+}
+
+/// Starts demo chunk server `n` (an hdd one) again with the demo's arguments.
+fn restart_hdd(cluster: &Cluster, n: usize, extra: &[&str]) -> Child {
+    let dir = &cluster.dir;
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join(format!("logs/chunkserver-{n}.log")))
+        .unwrap();
+    Command::new(FLOE)
+        .args(["chunkserver", "--master", &cluster.info.master, "--dir"])
+        .arg(dir.join(format!("cs-{n}")))
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", cluster.port + 1 + n as u16),
+        ])
+        .args(["--host", ["host-a", "host-b", "host-c"][n / 2]])
+        .args(["--class", "hdd", "--journal"])
+        .arg(dir.join(format!("cs-{}/hdd-journal", n - 1)))
+        .args(extra)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("chunk server starts")
+}
+
+fn args(extra: &[&str]) -> Vec<String> {
+    extra.iter().map(|a| a.to_string()).collect()
+}
+
+fn log_of(cluster: &Cluster, n: usize) -> String {
+    std::fs::read_to_string(cluster.dir.join(format!("logs/chunkserver-{n}.log"))).unwrap()
+}
+
+/// Kill -9 of an hdd server after many small writes, restart, every acknowledged
+/// write reads back, full redundancy, clean scrub.
+fn crash_and_check(cluster: &mut Cluster, expected: &HashMap<u64, u8>, hdd: usize, extra: &[&str]) {
+    kill9(cluster.info.chunkserver_pids[hdd]);
+    check_reads(cluster.uri(), expected);
+    let mut restarted = KillOnDrop(restart_hdd(cluster, hdd, extra));
+    cluster.wait_for_redundancy(Duration::from_secs(240));
+    check_reads(cluster.uri(), expected);
+    let scrub = cluster.floe(&["scrub", "demo"]);
+    assert!(scrub.contains(" 0 differences"), "scrub: {scrub}");
+    assert!(
+        log_of(cluster, hdd).contains("scanned the journals; replay resumes"),
+        "the restarted server found nothing to replay"
+    );
+    restarted.0.kill().unwrap();
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn hybrid_kill_during_replay_loses_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let extra = ["--emulate-hdd"];
+    let mut cluster = Cluster::start_with(work.path(), free_ports(), None, args(&extra));
+    let status = cluster.floe(&["status"]);
+    assert!(status.contains("hdd (emulated)"), "status: {status}");
+    // 64 MiB region: every chunk of the first object set, random 4 KiB blocks.
+    let expected = small_writes(cluster.uri(), 1500, 64 << 20, 1);
+    let hdd = busiest_hdd(&cluster);
+    crash_and_check(&mut cluster, &expected, hdd, &extra);
+    cluster.stop();
+}
+
+#[test]
+fn hybrid_kill_during_journal_overflow_loses_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let extra = ["--emulate-hdd", "--journal-quota", "256K"];
+    let mut cluster = Cluster::start_with(work.path(), free_ports(), None, args(&extra));
+    let expected = small_writes(cluster.uri(), 1500, 64 << 20, 2);
+    let hdd = busiest_hdd(&cluster);
+    assert!(
+        log_of(&cluster, hdd).contains("journal overflow"),
+        "no overflow logged by chunkserver-{hdd}"
+    );
+    crash_and_check(&mut cluster, &expected, hdd, &extra[..]);
+    cluster.stop();
+}
+
+#[test]
+fn hybrid_large_writes_supersede_journaled_small_writes() {
+    let work = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start_with(work.path(), free_ports(), None, Vec::new());
+    // Small writes (journaled on hdd replicas) over the first 1 MiB, then one 1 MiB
+    // write over them (256 KiB per chunk: it bypasses the journal).
+    let small = small_writes(cluster.uri(), 200, 1 << 20, 3);
+    assert!(!small.is_empty());
+    ok(nbdsh().args([
+        "-u",
+        cluster.uri(),
+        "-c",
+        &format!("h.pwrite(b'\\xee' * {}, 0)", 1 << 20),
+    ]));
+    let large: HashMap<u64, u8> = (0..(1 << 20) / BLOCK).map(|b| (b, 0xee)).collect();
+    check_reads(cluster.uri(), &large);
+    // Every replica (hdd ones read journal pieces + chunk file) agrees.
+    let scrub = cluster.floe(&["scrub", "demo"]);
+    assert!(scrub.contains(" 0 differences"), "scrub: {scrub}");
+    // After replay (and a clean stop) the hdd chunk files themselves hold the large
+    // write: older journaled writes did not resurface.
+    std::thread::sleep(Duration::from_secs(2));
+    let placement = cluster.placement();
+    cluster.stop();
+    let mut checked = 0;
+    for (chunk, servers) in placement.iter().filter(|(c, _)| **c < COUNT) {
+        for server in servers.iter().filter(|s| *s % 2 == 1) {
+            let path = work
+                .path()
+                .join(format!("cs-{server}/chunks/{VOLUME_ID:016x}/{chunk:016x}"));
+            let file = std::fs::File::open(&path).unwrap();
+            for block in 0..(1 << 20) / BLOCK {
+                let (c, offset) = locate(block * BLOCK);
+                if c != *chunk {
+                    continue;
+                }
+                let mut data = vec![0u8; BLOCK as usize];
+                file.read_exact_at(&mut data, offset).unwrap();
+                assert!(
+                    data.iter().all(|&b| b == 0xee),
+                    "{} block {block}: stale journaled data",
+                    path.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0, "no hdd replica in the first object set");
+}
