@@ -141,9 +141,11 @@ impl Master {
         };
         let scan = |prefix: &'static str| store.scan_prefix(prefix);
         for (key, value) in scan("server/").await.map_err(|e| e.to_string())? {
-            let mut server: ServerInfo =
+            let server: ServerInfo =
                 serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
-            server.up = false;
+            // Every server gets a heartbeat timeout from now to check in: declaring
+            // them down at once would start repairs around servers that are fine.
+            state.last_heartbeat.insert(server.id, Instant::now());
             state.servers.insert(server.id, server);
         }
         for (key, value) in scan("volume/").await.map_err(|e| e.to_string())? {

@@ -6,6 +6,10 @@
 //!   every byte fio and the fill wrote verifies afterwards, with scrub clean.
 //!
 //! Prints fio's 4k random-write p99 latency before and during the expansion.
+//!
+//! A third run kills -9 the master, then one of the new chunk servers, at random
+//! moments while chunks move: the moves finish after the restarts, and fio's data and
+//! the fill verify.
 
 use crate::cluster::{free_ports, output, Cluster, FLOE};
 use crate::fio::assert_clean;
@@ -124,42 +128,102 @@ fn moves(status: &str) -> (u64, f64) {
     (chunks, amount * unit)
 }
 
-/// Chunk servers the test starts on the new hosts; stopped by PID when dropped.
-struct NewServers(Vec<Child>);
+/// Processes the test starts beside the demo's (the new hosts' chunk servers, a
+/// restarted master), each with the command that starts it again; stopped by PID when
+/// dropped.
+struct Extra(Vec<(Command, Child)>);
 
-impl NewServers {
-    fn start(cluster: &Cluster, dir: &Path) -> NewServers {
+impl Extra {
+    /// One chunk server per (new host, class).
+    fn new_servers(cluster: &Cluster, dir: &Path) -> Extra {
         let port = free_ports();
-        let mut children = Vec::new();
+        let mut extra = Extra(Vec::new());
         for (i, host) in NEW_HOSTS.iter().enumerate() {
             for (j, class) in ["ssd", "hdd"].iter().enumerate() {
                 let n = i * 2 + j;
-                let log = std::fs::File::create(dir.join(format!("new-{n}.log"))).unwrap();
-                let child = Command::new(FLOE)
+                let mut command = Command::new(FLOE);
+                command
                     .args(["chunkserver", "--dir"])
                     .arg(dir.join(format!("new-{n}")))
                     .args(["--listen", &format!("127.0.0.1:{}", port + n as u16)])
                     .args(["--master", &cluster.info.master])
-                    .args(["--host", host, "--class", class])
-                    .stdout(Stdio::null())
-                    .stderr(log)
-                    .spawn()
-                    .expect("chunk server starts");
-                children.push(child);
+                    .args(["--host", host, "--class", class]);
+                extra.spawn(command, &dir.join(format!("new-{n}.log")));
             }
         }
-        NewServers(children)
+        extra
+    }
+
+    fn spawn(&mut self, mut command: Command, log: &Path) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("process starts");
+        self.0.push((command, child));
+    }
+
+    /// kill -9 of process `i`, then the same command again.
+    fn kill_and_restart(&mut self, i: usize) {
+        let (command, child) = &mut self.0[i];
+        child.kill().unwrap();
+        child.wait().unwrap();
+        *child = command.spawn().expect("process starts again");
     }
 }
 
-impl Drop for NewServers {
+impl Drop for Extra {
     fn drop(&mut self) {
-        for child in &mut self.0 {
+        for (_, child) in &mut self.0 {
             // SAFETY: kill(2) on our own child.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
             let _ = child.wait();
         }
     }
+}
+
+/// Waits for the new servers to register; their ids.
+fn await_new_servers(cluster: &Cluster) -> BTreeSet<u32> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster
+        .floe(&["cluster", "map"])
+        .contains("`floe cluster expand` adds them")
+        || servers_on(cluster, &NEW_HOSTS).len() < 6
+    {
+        assert!(
+            Instant::now() < deadline,
+            "new chunk servers did not register"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    servers_on(cluster, &NEW_HOSTS)
+}
+
+/// Scrub clean, and fio's random writes and the fill read back.
+fn assert_verifies(cluster: &Cluster, work: &Path) {
+    let uri = cluster.uri();
+    let scrub = cluster.floe(&["scrub", "demo"]);
+    assert!(scrub.contains(" 0 differences"), "{scrub}");
+    assert_clean(
+        &output(fio(uri, work, &RANDOM[..6]).args(["--verify_only", "--verify_state_load=1"])),
+        "verify of the random writes",
+    );
+    assert_clean(
+        &output(fio(uri, work, FILL).arg("--verify_only")),
+        "verify of the fill",
+    );
+}
+
+fn expand_command(cluster: &Cluster) {
+    let map = cluster.floe(&[
+        "cluster", "expand", "--host", "host-d", "--host", "host-e", "--host", "host-f",
+    ]);
+    assert!(map.contains("expanded the cluster"), "{map}");
 }
 
 fn expand_under_fio(placement: &str) {
@@ -183,20 +247,8 @@ fn expand_under_fio(placement: &str) {
     let before = chunk_servers(&cluster);
     assert_eq!(before.len(), 8, "chunks 0-7 are allocated: {before:?}");
 
-    let _servers = NewServers::start(&cluster, dir.path());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cluster
-        .floe(&["cluster", "map"])
-        .contains("`floe cluster expand` adds them")
-        || servers_on(&cluster, &NEW_HOSTS).len() < 6
-    {
-        assert!(
-            Instant::now() < deadline,
-            "new chunk servers did not register"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let new_ids = servers_on(&cluster, &NEW_HOSTS);
+    let _servers = Extra::new_servers(&cluster, dir.path());
+    let new_ids = await_new_servers(&cluster);
     let writer = fio(&uri, work.path(), RANDOM)
         .args(["--runtime=30", "--verify_state_save=1"])
         .stdout(Stdio::piped())
@@ -205,10 +257,7 @@ fn expand_under_fio(placement: &str) {
         .expect("fio starts");
     std::thread::sleep(Duration::from_secs(3));
     let expanded = Instant::now();
-    let map = cluster.floe(&[
-        "cluster", "expand", "--host", "host-d", "--host", "host-e", "--host", "host-f",
-    ]);
-    assert!(map.contains("expanded the cluster"), "{map}");
+    expand_command(&cluster);
     let settled = cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
     let moving_for = expanded.elapsed();
     let during = writer.wait_with_output().expect("fio runs");
@@ -253,18 +302,7 @@ fn expand_under_fio(placement: &str) {
             );
         }
     }
-    let scrub = cluster.floe(&["scrub", "demo"]);
-    assert!(scrub.contains(" 0 differences"), "{scrub}");
-    assert_clean(
-        &output(
-            fio(&uri, work.path(), &RANDOM[..6]).args(["--verify_only", "--verify_state_load=1"]),
-        ),
-        "verify of the random writes",
-    );
-    assert_clean(
-        &output(fio(&uri, work.path(), FILL).arg("--verify_only")),
-        "verify of the fill",
-    );
+    assert_verifies(&cluster, work.path());
     println!(
         "expand ({placement}): +3 hosts (6 chunk servers) under fio 4k randwrite iodepth 16; \
          {moved} chunks moved ({:.1} MiB) in {:.1?}; fio p99 {base_p99:.0} us / {base_iops:.0} IOPS before, \
@@ -282,4 +320,66 @@ fn mapx_expansion_moves_nothing_and_places_new_chunks_on_new_hosts() {
 #[test]
 fn crush_expansion_moves_chunks_throttled_and_data_verifies() {
     expand_under_fio("crush");
+}
+
+#[test]
+fn crush_moves_survive_kill_of_the_master_and_of_a_new_server() {
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start_with(
+        dir.path(),
+        free_ports(),
+        None,
+        vec!["--placement".into(), "crush".into()],
+    );
+    let uri = cluster.uri().to_string();
+    assert_clean(
+        &output(fio(&uri, work.path(), FILL).arg("--do_verify=0")),
+        "fill",
+    );
+    let mut extra = Extra::new_servers(&cluster, dir.path());
+    await_new_servers(&cluster);
+    let writer = fio(&uri, work.path(), RANDOM)
+        .args(["--runtime=40", "--verify_state_save=1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fio starts");
+    std::thread::sleep(Duration::from_secs(2));
+    expand_command(&cluster);
+
+    // The master dies at a random moment of a move and comes back.
+    cluster.wait_for_status("1 moving", MOVE_TIMEOUT);
+    std::thread::sleep(Duration::from_millis(rng.gen_range(0..1500)));
+    // SAFETY: kill(2) on the demo's master, which this test started.
+    assert_eq!(
+        unsafe { libc::kill(cluster.info.master_pid as i32, libc::SIGKILL) },
+        0
+    );
+    let mut master = Command::new(FLOE);
+    master
+        .args(["master", "--listen", &cluster.info.master, "--metadata"])
+        .arg(format!(
+            "embedded:{}",
+            dir.path().join("master/meta.redb").display()
+        ))
+        .args(["--placement", "crush"]);
+    extra.spawn(master, &dir.path().join("master-restarted.log"));
+
+    // Then a new server, source or target of moves, at a random moment of a move.
+    cluster.wait_for_status("1 moving", MOVE_TIMEOUT);
+    std::thread::sleep(Duration::from_millis(rng.gen_range(0..1500)));
+    let victim = rng.gen_range(0..NEW_HOSTS.len() * 2);
+    extra.kill_and_restart(victim);
+    cluster.wait_for_redundancy(MOVE_TIMEOUT);
+    let (moved, _) = moves(&cluster.floe(&["status"]));
+    let during = writer.wait_with_output().expect("fio runs");
+    p99_and_iops(&during, "random writes through the kills");
+    assert_verifies(&cluster, work.path());
+    println!(
+        "expand (crush) with kill -9 of the master and of new server {victim}: \
+         {moved} chunks moved after the master restart; fio clean, data verified, scrub clean"
+    );
 }
