@@ -559,6 +559,47 @@ impl LogFile {
     }
 }
 
+/// Which journals to reset, and the start sequence their new headers get, given each
+/// journal's first and last record sequence (`None`: no records) and whether the index
+/// still points into it. A journal goes only when nothing points into it and no
+/// journal that stays holds an older record; the start is one past the newest record
+/// going. So every record older than the start is in a journal of the set, and the
+/// scan after a restart skips records older than the highest start of any header: a
+/// crash part-way through the resets (journals written in turns interleave their
+/// sequences, so no order of resets alone is safe) never replays a record whose
+/// successor (a bypass, a later write) is gone.
+fn journals_to_reset(seqs: &[Option<(u64, u64)>], live: &[bool]) -> Option<(Vec<usize>, u64)> {
+    let mut reset: Vec<bool> = seqs
+        .iter()
+        .zip(live)
+        .map(|(seqs, live)| !live && seqs.is_some())
+        .collect();
+    loop {
+        let oldest_kept = (0..seqs.len())
+            .filter(|&k| !reset[k])
+            .filter_map(|k| seqs[k].map(|(first, _)| first))
+            .min();
+        let mut changed = false;
+        for (seqs, reset) in seqs.iter().zip(reset.iter_mut()) {
+            let newest = seqs.map_or(0, |(_, last)| last);
+            if *reset && oldest_kept.is_some_and(|oldest| oldest < newest) {
+                *reset = false;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let journals: Vec<usize> = (0..seqs.len()).filter(|&j| reset[j]).collect();
+    let newest = journals
+        .iter()
+        .filter_map(|&j| seqs[j])
+        .map(|s| s.1)
+        .max()?;
+    Some((journals, newest + 1))
+}
+
 /// The log (or the journals) and everything only the committer touches.
 struct Log {
     /// The data directory's log alone; in hybrid mode the journals (the hdd's own
@@ -622,10 +663,19 @@ impl Log {
     /// The journals: scans them all, applies their records in sequence order to the
     /// index and the replicas' states, and resets the ones with nothing left to replay.
     fn open_journals(mut logs: Vec<LogFile>, files: Arc<Files>) -> Result<Log, StoreError> {
+        // Records older than any header's start were reclaimed (see
+        // `journals_to_reset`), even where a crash cut the resets short.
+        let floor = logs
+            .iter()
+            .filter_map(|log| log.start_seq)
+            .max()
+            .unwrap_or(1);
         let mut records = Vec::new();
         for (j, log) in logs.iter_mut().enumerate() {
             log.scan(|header, data_at, _| {
-                records.push((*header, j, data_at));
+                if header.seq >= floor {
+                    records.push((*header, j, data_at));
+                }
                 Ok(())
             })?;
         }
@@ -643,7 +693,9 @@ impl Log {
         }
         for j in 0..log.logs.len() {
             if log.logs[j].start_seq.is_none() {
-                log.logs[j].reset(log.next_seq)?;
+                // Not the next sequence: a start above other journals' records would
+                // make the next scan skip them.
+                log.logs[j].reset(floor)?;
             }
             let used = log.logs[j].position - wal::HEADER_BYTES;
             log.journals().set_used(j, used);
@@ -887,42 +939,21 @@ impl Log {
         }
     }
 
-    /// Resets the journals nothing in the index points into any more, unless a
-    /// journal that stays holds an older record: the scan after a crash must find the
-    /// record that superseded any record it replays.
+    /// Resets the journals nothing in the index points into any more (see
+    /// [`journals_to_reset`]).
     fn reclaim(&mut self) -> Result<(), StoreError> {
-        let live = self.journals().live();
-        let mut reset: Vec<bool> = (0..self.logs.len())
-            .map(|j| !live[j] && self.logs[j].seqs.is_some())
-            .collect();
-        loop {
-            let oldest_kept = (0..self.logs.len())
-                .filter(|&k| !reset[k])
-                .filter_map(|k| self.logs[k].seqs.map(|(first, _)| first))
-                .min();
-            let mut changed = false;
-            for (log, reset) in self.logs.iter().zip(reset.iter_mut()) {
-                let newest = log.seqs.map_or(0, |(_, last)| last);
-                if *reset && oldest_kept.is_some_and(|oldest| oldest < newest) {
-                    *reset = false;
-                    changed = true;
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
-        if !reset.contains(&true) {
+        let seqs: Vec<_> = self.logs.iter().map(|log| log.seqs).collect();
+        let Some((reset, start_seq)) = journals_to_reset(&seqs, &self.journals().live()) else {
             return Ok(());
-        }
+        };
         // The records about to go carry replica states and bypassed data.
         self.sync_dirty()?;
         meta::save(
             &self.files.dir.join("meta"),
             &self.files.metas.lock().unwrap().clone(),
         )?;
-        for j in (0..self.logs.len()).filter(|&j| reset[j]) {
-            self.logs[j].reset(self.next_seq)?;
+        for j in reset {
+            self.logs[j].reset(start_seq)?;
             self.journals().set_used(j, 0);
         }
         Ok(())
@@ -1113,4 +1144,43 @@ fn file_extents(file: &File) -> io::Result<Vec<(u64, u64)>> {
         at = end;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::journals_to_reset;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Journals written in turns by batches of consecutive sequence numbers, some
+        /// still live: no live journal is reset, every record of a reset journal is
+        /// below the new start and every record of a kept one at or above it, so the
+        /// scan after a crash at any point of the resets (headers of some written,
+        /// others not) keeps exactly the kept journals' records.
+        #[test]
+        fn the_new_start_separates_reclaimed_records_from_kept_ones(
+            batches in proptest::collection::vec((0usize..4, 1u64..5), 0..20),
+            live in proptest::collection::vec(any::<bool>(), 4),
+        ) {
+            let mut seqs: Vec<Option<(u64, u64)>> = vec![None; 4];
+            let mut next = 1;
+            for (journal, records) in batches {
+                let last = next + records - 1;
+                seqs[journal] = Some((seqs[journal].map_or(next, |s| s.0), last));
+                next = last + 1;
+            }
+            let Some((reset, start)) = journals_to_reset(&seqs, &live) else {
+                return Ok(());
+            };
+            prop_assert!(!reset.is_empty() && start <= next);
+            for (j, seqs) in seqs.iter().enumerate() {
+                let Some((first, last)) = *seqs else { continue };
+                if reset.contains(&j) {
+                    prop_assert!(!live[j] && last < start);
+                } else {
+                    prop_assert!(first >= start, "journal {j} {seqs:?} kept below {start}");
+                }
+            }
+        }
+    }
 }

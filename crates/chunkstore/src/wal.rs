@@ -27,8 +27,10 @@ pub const RECORD_HEADER_BYTES: usize = 68;
 const HEADER_MAGIC: u32 = 0x464c_5748; // "FLWH"
 const RECORD_MAGIC: u32 = 0x464c_5752; // "FLWR"
 const FORMAT_PACKED: u32 = 2;
-const FORMAT_ALIGNED: u32 = 3;
-/// Alignment of journal data (format 3), the journal index's unit.
+/// Format 4: a header's start sequence also voids older records in the other journals
+/// (format 3 journals lack that rule and are refused, to be drained by the old version).
+const FORMAT_ALIGNED: u32 = 4;
+/// Alignment of journal data (format 4), the journal index's unit.
 pub const SECTOR_BYTES: u64 = 512;
 /// No single record may carry more than this, so replay can bound its buffer.
 pub const RECORD_DATA_BYTES_MAX: u64 = 64 << 20;
@@ -153,7 +155,7 @@ impl RecordHeader {
     }
 }
 
-/// A log header; `aligned` selects format 3 (journal data on sector boundaries).
+/// A log header; `aligned` selects format 4 (journal data on sector boundaries).
 pub fn encode_header(start_seq: u64, aligned: bool) -> [u8; HEADER_BYTES as usize] {
     let mut out = [0u8; HEADER_BYTES as usize];
     let mut w = &mut out[..];

@@ -4,9 +4,10 @@
 
 use crate::cluster::{free_ports, nbdsh, ok, Cluster, FLOE};
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileExt;
-use std::process::{Child, Command};
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 const BLOCK: u64 = 4096;
 /// The demo volume's layout and id (see crash.rs).
@@ -20,28 +21,53 @@ fn locate(offset: u64) -> (u64, u64) {
     (stripe % COUNT, (stripe / COUNT) * UNIT + offset % UNIT)
 }
 
-/// Writes `count` random 4 KiB blocks in the first `region` bytes, each synchronously
-/// (acknowledged when pwrite returns); returns the last content of every block written.
-fn small_writes(uri: &str, count: u32, region: u64, seed: u32) -> HashMap<u64, u8> {
-    let script = format!(
-        "import random\n\
+/// An nbdsh script that writes `count` random 4 KiB blocks in the first `region`
+/// bytes, 32 in flight (so they outrun the emulated hdd's replay), never two at once to
+/// one block. It prints `started` once 100 writes are acknowledged, and at the end the
+/// last content of every block written (all acknowledged by then).
+fn small_writes_script(count: u32, region: u64, seed: u32) -> String {
+    format!(
+        "import random, sys\n\
          r = random.Random({seed})\n\
          last = {{}}\n\
+         pending = {{}}\n\
+         def settle(cookie):\n    \
+             while not h.aio_command_completed(cookie):\n        \
+                 h.poll(-1)\n\
          for i in range({count}):\n    \
+             if i == 132:\n        \
+                 print('started', flush=True)\n    \
              b = r.randrange({blocks})\n    \
              v = (i % 251) + 1\n    \
-             h.pwrite(bytes([v]) * {BLOCK}, b * {BLOCK})\n    \
+             if b in pending:\n        \
+                 settle(pending.pop(b))\n    \
+             while len(pending) >= 32:\n        \
+                 settle(pending.pop(next(iter(pending))))\n    \
+             buf = nbd.Buffer.from_bytearray(bytearray([v]) * {BLOCK})\n    \
+             pending[b] = h.aio_pwrite(buf, b * {BLOCK})\n    \
              last[b] = v\n\
+         for cookie in pending.values():\n    \
+             settle(cookie)\n\
          print(' '.join(f'{{b}}:{{v}}' for b, v in last.items()))\n",
         blocks = region / BLOCK
-    );
-    let out = ok(nbdsh().args(["-u", uri, "-c", &script]));
-    out.split_whitespace()
+    )
+}
+
+/// The `block:value` pairs a writer printed last.
+fn parse_written(line: &str) -> HashMap<u64, u8> {
+    line.split_whitespace()
         .map(|pair| {
             let (b, v) = pair.split_once(':').expect("block:value");
             (b.parse().unwrap(), v.parse().unwrap())
         })
         .collect()
+}
+
+/// Runs the writer of [`small_writes_script`] to the end.
+fn small_writes(uri: &str, count: u32, region: u64, seed: u32) -> HashMap<u64, u8> {
+    let script = small_writes_script(count, region, seed);
+    let out = ok(nbdsh().args(["-u", uri, "-c", &script]));
+    parse_written(out.lines().last().unwrap_or_default())
 }
 
 /// Reads every block back through NBD and checks its content.
@@ -113,19 +139,50 @@ fn log_of(cluster: &Cluster, n: usize) -> String {
     std::fs::read_to_string(cluster.dir.join(format!("logs/chunkserver-{n}.log"))).unwrap()
 }
 
-/// Kill -9 of an hdd server after many small writes, restart, every acknowledged
-/// write reads back, full redundancy, clean scrub.
-fn crash_and_check(cluster: &mut Cluster, expected: &HashMap<u64, u8>, hdd: usize, extra: &[&str]) {
+/// Writes the first object set (64 MiB: every chunk, random 4 KiB blocks), then kills
+/// -9 the hdd server holding most of it while a second writer runs (once `ready` holds
+/// for its log), restarts it: every acknowledged write reads back, before and after
+/// full redundancy, scrub is clean and the restarted server had journals to replay.
+fn crash_and_check(cluster: &mut Cluster, extra: &[&str], seed: u32, ready: &str) {
+    let region = 64 << 20;
+    let mut expected = small_writes(cluster.uri(), 300, region, seed);
+    let hdd = busiest_hdd(cluster);
+    let script = small_writes_script(3000, region, seed + 1);
+    let mut writer = KillOnDrop(
+        nbdsh()
+            .args(["-u", cluster.uri(), "-c", &script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("nbdsh starts"),
+    );
+    let mut lines = BufReader::new(writer.0.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "started");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log_of(cluster, hdd).contains(ready) {
+        assert!(
+            Instant::now() < deadline,
+            "chunkserver-{hdd} never logged {ready:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        writer.0.try_wait().unwrap().is_none(),
+        "the writer finished before the kill"
+    );
     kill9(cluster.info.chunkserver_pids[hdd]);
-    check_reads(cluster.uri(), expected);
+    let last = lines.last().expect("the writer's summary").unwrap();
+    assert!(writer.0.wait().unwrap().success(), "a write failed");
+    expected.extend(parse_written(&last));
+    check_reads(cluster.uri(), &expected);
     let mut restarted = KillOnDrop(restart_hdd(cluster, hdd, extra));
     cluster.wait_for_redundancy(Duration::from_secs(240));
-    check_reads(cluster.uri(), expected);
+    check_reads(cluster.uri(), &expected);
     let scrub = cluster.floe(&["scrub", "demo"]);
     assert!(scrub.contains(" 0 differences"), "scrub: {scrub}");
+    let log = log_of(cluster, hdd);
     assert!(
-        log_of(cluster, hdd).contains("scanned the journals; replay resumes"),
-        "the restarted server found nothing to replay"
+        log.contains("scanned the journals; replay resumes"),
+        "the restarted chunkserver-{hdd} found nothing to replay; its log:\n{log}"
     );
     restarted.0.kill().unwrap();
 }
@@ -146,10 +203,8 @@ fn hybrid_kill_during_replay_loses_nothing() {
     let mut cluster = Cluster::start_with(work.path(), free_ports(), None, args(&extra));
     let status = cluster.floe(&["status"]);
     assert!(status.contains("hdd (emulated)"), "status: {status}");
-    // 64 MiB region: every chunk of the first object set, random 4 KiB blocks.
-    let expected = small_writes(cluster.uri(), 1500, 64 << 20, 1);
-    let hdd = busiest_hdd(&cluster);
-    crash_and_check(&mut cluster, &expected, hdd, &extra);
+    // Any line: the writer is 100 writes in, the journals hold what replay has not done.
+    crash_and_check(&mut cluster, &extra, 1, "");
     cluster.stop();
 }
 
@@ -158,13 +213,7 @@ fn hybrid_kill_during_journal_overflow_loses_nothing() {
     let work = tempfile::tempdir().unwrap();
     let extra = ["--emulate-hdd", "--journal-quota", "256K"];
     let mut cluster = Cluster::start_with(work.path(), free_ports(), None, args(&extra));
-    let expected = small_writes(cluster.uri(), 1500, 64 << 20, 2);
-    let hdd = busiest_hdd(&cluster);
-    assert!(
-        log_of(&cluster, hdd).contains("journal overflow"),
-        "no overflow logged by chunkserver-{hdd}"
-    );
-    crash_and_check(&mut cluster, &expected, hdd, &extra[..]);
+    crash_and_check(&mut cluster, &extra, 3, "journal overflow");
     cluster.stop();
 }
 
@@ -174,7 +223,7 @@ fn hybrid_large_writes_supersede_journaled_small_writes() {
     let mut cluster = Cluster::start_with(work.path(), free_ports(), None, Vec::new());
     // Small writes (journaled on hdd replicas) over the first 1 MiB, then one 1 MiB
     // write over them (256 KiB per chunk: it bypasses the journal).
-    let small = small_writes(cluster.uri(), 200, 1 << 20, 3);
+    let small = small_writes(cluster.uri(), 200, 1 << 20, 5);
     assert!(!small.is_empty());
     ok(nbdsh().args([
         "-u",
