@@ -30,6 +30,10 @@ pub fn device_position(chunk: ChunkId, offset: u64) -> u64 {
     slot * CHUNK_BYTES_MAX + offset
 }
 
+/// Where the hdd's own journal (the last overflow of hybrid mode) lies on the emulated
+/// device: mid-disk, like a file system's journal.
+const JOURNAL_POSITION: u64 = DEVICE_BYTES / 2;
+
 /// Service time of an access of `length` bytes at `position` with the head at `head`
 /// (where the previous access ended); `random` draws the rotational latency.
 pub fn service_time(head: u64, position: u64, length: u64, random: u64) -> Duration {
@@ -85,7 +89,15 @@ impl Hdd {
     /// Reserves the head for an access; returns when it completes. The caller does the
     /// real I/O and then waits until that instant.
     pub fn reserve(&self, chunk: ChunkId, offset: u64, length: u64, foreground: bool) -> Instant {
-        let position = device_position(chunk, offset);
+        self.reserve_at(device_position(chunk, offset), length, foreground)
+    }
+
+    /// [`Hdd::reserve`] for an access to the hdd's own journal at byte `at`.
+    pub fn reserve_journal(&self, at: u64, length: u64, foreground: bool) -> Instant {
+        self.reserve_at(JOURNAL_POSITION + at, length, foreground)
+    }
+
+    fn reserve_at(&self, position: u64, length: u64, foreground: bool) -> Instant {
         let mut head = self.head.lock().unwrap();
         head.random = splitmix64(head.random);
         let time = service_time(head.position, position, length, head.random);

@@ -149,9 +149,17 @@ impl Journals {
         self.used[journal].store(bytes, Ordering::Relaxed);
     }
 
-    pub(crate) fn usage(&self) -> (u64, u64) {
-        let used = self.used.iter().map(|u| u.load(Ordering::Relaxed)).sum();
-        (used, self.quotas.iter().sum())
+    /// Bytes in use and quota of the ssd journals: the hdd's own journal (the last
+    /// one) is the overflow, so its use means the ssd journals are already full.
+    pub(crate) fn ssd_usage(&self) -> (u64, u64) {
+        let ssds = self.used.len() - 1;
+        let used = self.used[..ssds].iter().map(|u| u.load(Ordering::Relaxed));
+        (used.sum(), self.quotas[..ssds].iter().sum())
+    }
+
+    /// Bytes in use in all journals, the hdd's own included.
+    pub(crate) fn backlog(&self) -> u64 {
+        self.used.iter().map(|u| u.load(Ordering::Relaxed)).sum()
     }
 
     /// Records that `length` bytes at chunk `offset` live in `journal` at byte `at`.
@@ -230,20 +238,23 @@ impl Journals {
     }
 
     /// Fills the journaled parts of `out` (chunk bytes from `offset`) from the journals;
-    /// returns the rest, the byte ranges to read from the chunk file.
+    /// returns the rest, the byte ranges to read from the chunk file, and the (byte,
+    /// length) ranges read from the hdd's own journal (an emulated hdd paces those).
     pub(crate) fn read(
         &self,
         chunk: ChunkId,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<Vec<(u64, u64)>, StoreError> {
+    ) -> Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), StoreError> {
         let end = offset + out.len() as u64;
         let index = self.index.lock().unwrap();
         let Some(entry) = index.get(&chunk) else {
-            return Ok(vec![(offset, out.len() as u64)]);
+            return Ok((vec![(offset, out.len() as u64)], Vec::new()));
         };
         let (first, count) = sectors(offset, out.len() as u64);
+        let local = self.files.len() - 1;
         let mut holes = Vec::new();
+        let mut from_local = Vec::new();
         // The index lock is held across the journal reads: a journal is reset only
         // when the index no longer points into it.
         for piece in entry.query(first, count).map_err(index_error)? {
@@ -263,11 +274,14 @@ impl Journals {
                     let skip = from - sector * SECTOR_BYTES;
                     let range = (from - offset) as usize..(to - offset) as usize;
                     read_at(&self.files[j], &mut out[range], at + skip)?;
+                    if j == local {
+                        from_local.push((at + skip, to - from));
+                    }
                 }
                 None => holes.push((from, to - from)),
             }
         }
-        Ok(holes)
+        Ok((holes, from_local))
     }
 
     /// Byte ranges of the chunk held in the journals.
@@ -382,8 +396,15 @@ fn replay_sweep(files: &Files, cursor: &mut (ChunkId, u64)) -> Result<u64, Store
         }
         let len = len.min(budget);
         budget -= len;
-        if let Some(at) = files.pace(chunk, sector * SECTOR_BYTES, len * SECTOR_BYTES, false) {
-            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        // The emulated disk's time for the piece (read from the hdd's own journal, if
+        // there, and write), spent before the locks are taken.
+        let (j, at) = locate(journal);
+        let read = (j == local)
+            .then(|| files.pace_journal(at, len * SECTOR_BYTES, false))
+            .flatten();
+        let write = files.pace(chunk, sector * SECTOR_BYTES, len * SECTOR_BYTES, false);
+        if let Some(done) = read.max(write) {
+            std::thread::sleep(done.saturating_duration_since(Instant::now()));
         }
         let _writes = journals.chunk_writes.lock().unwrap();
         let index = journals.index.lock().unwrap();

@@ -156,6 +156,13 @@ impl Files {
             .as_ref()
             .map(|hdd| hdd.reserve(chunk, offset, length, foreground))
     }
+
+    /// Reserves the emulated disk for an access to its own journal at byte `at`.
+    pub(crate) fn pace_journal(&self, at: u64, length: u64, foreground: bool) -> Option<Instant> {
+        self.hdd
+            .as_ref()
+            .map(|hdd| hdd.reserve_journal(at, length, foreground))
+    }
 }
 
 /// A handle to the store; cheap to clone. A process that stops at any moment
@@ -338,11 +345,17 @@ impl Store {
             });
         }
         let mut out = BytesMut::zeroed(length as usize);
+        let mut done_at = None;
         let holes = match &self.files.journals {
-            Some(journals) => journals.read(chunk, offset, &mut out)?,
+            Some(journals) => {
+                let (holes, from_hdd_journal) = journals.read(chunk, offset, &mut out)?;
+                for (at, len) in from_hdd_journal {
+                    done_at = done_at.max(self.files.pace_journal(at, len, true));
+                }
+                holes
+            }
             None => vec![(offset, length as u64)],
         };
-        let mut done_at = None;
         if let Some(file) = self.files.get(chunk, false)? {
             for (at, len) in holes {
                 let from = (at - offset) as usize;
@@ -392,10 +405,19 @@ impl Store {
         Ok(crc)
     }
 
-    /// Journal bytes in use and the sum of the journals' quotas; (0, 0) without
-    /// journals.
+    /// Bytes in use in the ssd journals and the sum of their quotas, what the master
+    /// throttles writes by (the hdd's own journal only takes what they cannot); (0, 0)
+    /// without journals.
     pub fn journal_usage(&self) -> (u64, u64) {
-        self.files.journals.as_ref().map_or((0, 0), Journals::usage)
+        self.files
+            .journals
+            .as_ref()
+            .map_or((0, 0), Journals::ssd_usage)
+    }
+
+    /// Bytes in use in every journal, the hdd's own included: what replay has left.
+    pub fn journal_backlog(&self) -> u64 {
+        self.files.journals.as_ref().map_or(0, Journals::backlog)
     }
 
     /// Bytes of chunk data on disk (allocated blocks).
@@ -898,6 +920,12 @@ impl Log {
             let message = format!("journal append failed: {e}");
             tracing::error!("{message}");
             return Log::fail_all(batch, append_error(&e, message));
+        }
+        if target == local {
+            let done = self
+                .files
+                .pace_journal(start, self.buffer.len() as u64, true);
+            self.paced_until = self.paced_until.max(done);
         }
         let log = &mut self.logs[target];
         log.position += self.buffer.len() as u64;

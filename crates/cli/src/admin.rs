@@ -226,11 +226,7 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
             s.id,
             s.host,
             s.address,
-            if s.emulated {
-                format!("{} (emulated)", s.class)
-            } else {
-                s.class.to_string()
-            },
+            s.device(),
             if s.lost {
                 "LOST"
             } else if s.up {

@@ -114,7 +114,7 @@ async fn change(master: &MasterClient, request: ControlRequest, done: &str) -> R
     if !pending.is_empty() {
         let ids: Vec<String> = pending
             .iter()
-            .map(|s| format!("{} ({} {})", s.id, s.host, s.class))
+            .map(|s| format!("{} ({} {})", s.id, s.host, s.device()))
             .collect();
         println!(
             "not in the map yet: {}; `floe cluster expand` adds them",

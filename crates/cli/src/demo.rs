@@ -212,7 +212,15 @@ async fn start(
         ]),
         logs,
     )?);
-    println!("starting {} chunk servers", CHUNK_SERVERS.len());
+    println!(
+        "starting {} chunk servers{}",
+        CHUNK_SERVERS.len(),
+        if options.emulate_hdd {
+            " (hdd ones emulated: modelled seek, rotation and transfer times)"
+        } else {
+            ""
+        }
+    );
     for (i, (host, class)) in CHUNK_SERVERS.iter().enumerate() {
         let data = dir.join(format!("cs-{i}"));
         let listen = format!("127.0.0.1:{}", options.port + 1 + i as u16);

@@ -267,7 +267,7 @@ impl Master {
                     value: json(&server),
                 });
                 self.store.apply(ops).await.map_err(store_failed)?;
-                tracing::info!(id, address = %server.address, host = %server.host, class = %server.class, "chunk server registered");
+                tracing::info!(id, address = %server.address, host = %server.host, class = %server.device(), "chunk server registered");
                 state.servers.insert(id, server);
                 state.last_heartbeat.insert(id, Instant::now());
                 Ok(ControlResponse::Registered { id })

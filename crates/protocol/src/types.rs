@@ -61,6 +61,17 @@ pub struct ServerInfo {
     pub lost: bool,
 }
 
+impl ServerInfo {
+    /// The device class as every output shows it: an emulated hdd says so.
+    pub fn device(&self) -> String {
+        if self.emulated {
+            format!("{} (emulated)", self.class)
+        } else {
+            self.class.to_string()
+        }
+    }
+}
+
 /// Where a change sits in its chunk's history (URSA section 4.2.1). The writer, the
 /// single lease holder of the volume, numbers each chunk's changes: `version` applies
 /// on top of `prev`. The high 32 bits of a version are the lease generation that wrote
