@@ -63,6 +63,9 @@ const ORIGIN: (ChunkId, u64) = (
     0,
 );
 
+/// (byte offset, length).
+type Range = (u64, u64);
+
 /// Journal files as the store opens them: directory and quota in bytes.
 #[derive(Debug, Clone)]
 pub struct JournalDir {
@@ -245,7 +248,7 @@ impl Journals {
         chunk: ChunkId,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), StoreError> {
+    ) -> Result<(Vec<Range>, Vec<Range>), StoreError> {
         let end = offset + out.len() as u64;
         let index = self.index.lock().unwrap();
         let Some(entry) = index.get(&chunk) else {
