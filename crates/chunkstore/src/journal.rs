@@ -21,6 +21,7 @@
 //! the least-filled other ssd journal, else to the hdd's own journal, which is replayed
 //! only while the hdd is idle; when none has room, writes bypass the journals.
 
+use crate::hdd::device_position;
 use crate::journal_index::{JournalIndex, Piece};
 use crate::store::{read_at, Files, LogFile, Queue, StoreError, CHUNK_BYTES_MAX};
 use crate::wal::SECTOR_BYTES;
@@ -53,15 +54,6 @@ const REPLAY_BATCH_BYTES: u64 = 4 << 20;
 const REPLAY_POLL: Duration = Duration::from_millis(20);
 /// Foreground quiet time after which the hdd counts as idle (for its own journal).
 const HDD_IDLE: Duration = Duration::from_millis(200);
-
-/// Where a replay sweep starts when it has nothing to continue from.
-const ORIGIN: (ChunkId, u64) = (
-    ChunkId {
-        volume_id: 0,
-        index: 0,
-    },
-    0,
-);
 
 /// (byte offset, length).
 type Range = (u64, u64);
@@ -329,7 +321,7 @@ pub(crate) fn spawn_replay(files: Weak<Files>, queue: Arc<Queue>) {
     std::thread::Builder::new()
         .name("journal-replay".into())
         .spawn(move || {
-            let mut cursor = ORIGIN;
+            let mut cursor = 0;
             loop {
                 let Some(files) = files.upgrade() else { return };
                 match replay_sweep(&files, &mut cursor) {
@@ -359,19 +351,21 @@ pub(crate) fn spawn_replay(files: Weak<Files>, queue: Arc<Queue>) {
 }
 
 /// One elevator sweep: copies up to [`REPLAY_BATCH_BYTES`] of live journal data into
-/// the chunk files, going up from `cursor` (chunk, sector) and wrapping around, syncs
-/// them, then drops the index entries that still point where they were copied from.
-/// Returns the sectors copied.
-fn replay_sweep(files: &Files, cursor: &mut (ChunkId, u64)) -> Result<u64, StoreError> {
+/// the chunk files, going up from `cursor` (a position on the disk, as
+/// [`device_position`] lays chunks out: the emulated hdd's, and an order as good as any
+/// on a real one) and wrapping around, syncs them, then drops the index entries that
+/// still point where they were copied from. Returns the sectors copied.
+fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
     let journals = files.journals.as_ref().expect("replay runs with journals");
     let local = journals.files.len() - 1;
     let hdd_idle = files.hdd.as_ref().is_none_or(|hdd| hdd.idle(HDD_IDLE));
-    // (chunk, sector, sectors, journal position), in chunk order.
+    let position = |chunk: ChunkId, sector: u64| device_position(chunk, sector * SECTOR_BYTES);
+    // (chunk, sector, sectors, journal position), in disk order.
     let mut pieces = Vec::new();
     {
         let index = journals.index.lock().unwrap();
         let mut chunks: Vec<_> = index.keys().copied().collect();
-        chunks.sort_unstable();
+        chunks.sort_unstable_by_key(|&chunk| (position(chunk, 0), chunk));
         for chunk in chunks {
             for piece in index[&chunk].query(0, CHUNK_SECTORS).unwrap_or_default() {
                 if let Piece::Journal {
@@ -387,7 +381,7 @@ fn replay_sweep(files: &Files, cursor: &mut (ChunkId, u64)) -> Result<u64, Store
             }
         }
     }
-    let start = pieces.partition_point(|p| (p.0, p.1) < *cursor);
+    let start = pieces.partition_point(|p| position(p.0, p.1) < *cursor);
     pieces.rotate_left(start);
     let mut budget = REPLAY_BATCH_BYTES / SECTOR_BYTES;
     let mut copied = Vec::new();
@@ -438,10 +432,10 @@ fn replay_sweep(files: &Files, cursor: &mut (ChunkId, u64)) -> Result<u64, Store
             touched.insert(chunk);
             copied.push((chunk, offset, len, now));
         }
-        *cursor = (chunk, sector + len);
+        *cursor = position(chunk, sector + len);
     }
     if copied.is_empty() {
-        *cursor = ORIGIN;
+        *cursor = 0;
         return Ok(0);
     }
     let mut dirs = HashSet::new();
