@@ -95,8 +95,10 @@ def markdown(data):
         "",
         f"Each figure is the median of {meta['repeats']} fio runs of {meta['runtime_s']} s over a "
         f"{meta['working_set_bytes'] >> 20} MiB region written in full beforehand; 4 KiB blocks unless noted, "
-        "one fio job, the systems measured one after the other. Ratios divide the first system's figure by "
-        "the second's: above 1, the first is faster (or cheaper).",
+        "one fio job, the systems measured one after the other"
+        + (", in rounds: each repeat a round over all the systems, each started afresh"
+           if meta.get("interleaved") else "")
+        + ". Ratios divide the first system's figure by the second's: above 1, the first is faster (or cheaper).",
         "",
     ]
     if emulated:
@@ -159,13 +161,18 @@ def markdown(data):
         if s.get("placement"):
             line += (f". Replicas by device class after the pre-fill (checked): primaries {s['placement']['primary']}, "
                      f"backups {s['placement']['backups']}; hdd journal quota {', '.join(s['journal_quota']) or '-'}; "
-                     f"replay drained the pre-fill in {s['replay_wait_s']:.0f} s before the runs")
+                     f"replay drained the pre-fill within {max(waited(s['replay_wait_s'])):.0f} s before the runs")
         out.append(line)
     out += [""]
     long_runs = any(own_runs(j, meta) for j in jobs)
     out += ["Charts: `throughput.png`, `latency.png`, `cpu-efficiency.png`"
             + (", `sustained.png`" if long_runs else "") + "; every run's figures and the ratios: `results.json`.", ""]
     return "\n".join(out)
+
+
+def waited(seconds):
+    """replay_wait_s: one figure, or one per round (bench/run --interleave)."""
+    return seconds if isinstance(seconds, list) else [seconds]
 
 
 def own_runs(job, meta):
