@@ -255,10 +255,18 @@ def sustained(data):
             if series:
                 line += "; by window: " + ", ".join(number(x) for x in windows(series, 10))
             if r.get("journal_samples"):
-                line += "; journals: " + ", ".join(f"{t} s {fill}%" + (" throttled" if throttled else "")
-                                                   for t, fill, throttled in r["journal_samples"])
+                line += "; fullest journal: " + ", ".join(f"{t} s {fill}%" + (" throttled" if throttled else "")
+                                                          for t, fill, throttled in r["journal_samples"])
+            if s.get("hdd_emulated") and r.get("replay_mb_s_after") is not None:
+                line += (f"; the 3 hdd servers wrote {r['hdd_servers_write_mb_s']:.1f} MB/s during the run "
+                         f"(journal appends and replay), replay alone {r['replay_mb_s_after']:.1f} MB/s in the "
+                         "10 s after it")
             out.append(line)
         out.append("")
+        if any(s.get("hdd_emulated") for s in data["systems"]):
+            out += ["Replay keeps up when the hdd servers write no more during a run than replay alone does "
+                    "after it; otherwise the journals grow by the difference until they reach their quota, "
+                    "then the master throttles the volume (from 80% full) down to what replay drains.", ""]
     return out
 
 
