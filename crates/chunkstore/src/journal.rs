@@ -19,7 +19,8 @@
 //!
 //! Overflow: a batch goes to the active ssd journal while it fits its quota, else to
 //! the least-filled other ssd journal, else to the hdd's own journal, which is replayed
-//! only while the hdd is idle; when none has room, writes bypass the journals.
+//! only while the hdd is idle (or the ssd journals, which cannot be freed while it holds
+//! older records, are more than half full); when none has room, writes bypass.
 
 use crate::hdd::device_position;
 use crate::journal_index::{JournalIndex, Piece};
@@ -358,7 +359,11 @@ pub(crate) fn spawn_replay(files: Weak<Files>, queue: Arc<Queue>) {
 fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
     let journals = files.journals.as_ref().expect("replay runs with journals");
     let local = journals.files.len() - 1;
-    let hdd_idle = files.hdd.as_ref().is_none_or(|hdd| hdd.idle(HDD_IDLE));
+    // The hdd's own journal waits for an idle hdd, unless the ssd journals are more
+    // than half full: they cannot be freed while it holds older records.
+    let (ssd_used, ssd_quota) = journals.ssd_usage();
+    let replay_local =
+        ssd_used * 2 > ssd_quota || files.hdd.as_ref().is_none_or(|hdd| hdd.idle(HDD_IDLE));
     let position = |chunk: ChunkId, sector: u64| device_position(chunk, sector * SECTOR_BYTES);
     // (chunk, sector, sectors, journal position), in disk order.
     let mut pieces = Vec::new();
@@ -374,7 +379,7 @@ fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
                     journal,
                 } = piece
                 {
-                    if hdd_idle || locate(journal).0 != local {
+                    if replay_local || locate(journal).0 != local {
                         pieces.push((chunk, offset, len, journal));
                     }
                 }
