@@ -4,7 +4,7 @@
 use crate::size;
 use floe_client::master::MasterClient;
 use floe_protocol::{
-    ControlRequest, ControlResponse, JournalUsage, QosLimits, ServerId, Volume, VolumeSpec,
+    ChunkId, ControlRequest, ControlResponse, JournalUsage, QosLimits, ServerId, Volume, VolumeSpec,
 };
 
 /// `--iops`: requests per second; 0 or `unlimited` clears the limit.
@@ -146,7 +146,17 @@ pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
         map.chunks.len(),
         v.spec.chunk_count()
     );
+    // The placement group (what `floe pg remap` takes) from the map new chunks use;
+    // a chunk's group never changes (it depends on its creation layer only).
+    let placer = floe_placement::cluster::Placer::new(&map.cluster).ok();
     for chunk in &map.chunks {
+        let pg = placer.as_ref().map_or("?".to_string(), |p| {
+            let id = ChunkId {
+                volume_id: v.id,
+                index: chunk.index,
+            };
+            p.pg_of(id, chunk.layer).to_string()
+        });
         let replicas: Vec<String> = chunk
             .replicas
             .iter()
@@ -159,7 +169,7 @@ pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
             })
             .collect();
         println!(
-            "  chunk {:>6}: servers {} view {} layer {}",
+            "  chunk {:>6}: servers {} view {} layer {} pg {pg}",
             chunk.index,
             replicas.join(","),
             chunk.view,

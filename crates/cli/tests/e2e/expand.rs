@@ -205,6 +205,58 @@ fn await_new_servers(cluster: &Cluster) -> BTreeSet<u32> {
 }
 
 /// Scrub clean, and fio's random writes and the fill read back.
+/// Chunk index -> placement group, as `floe volume info` lists them.
+fn pgs(cluster: &Cluster) -> BTreeMap<u64, u32> {
+    cluster
+        .floe(&["volume", "info", "demo"])
+        .lines()
+        .filter_map(|line| {
+            let rest = line.trim().strip_prefix("chunk ")?;
+            let (index, rest) = rest.split_once(':')?;
+            let pg = rest.split_once(" pg ")?.1;
+            Some((index.trim().parse().ok()?, pg.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// MAPX operator moves on the live cluster: `pg remap` of chunk 0's placement group
+/// to the new layer moves exactly that group's chunks there; `layer merge 0 1` then
+/// moves chunks of both layers and leaves every chunk where the merged map places it.
+fn remap_and_merge(cluster: &Cluster, new_ids: &BTreeSet<u32>) {
+    let before = chunk_servers(cluster);
+    let groups = pgs(cluster);
+    let pg = groups[&0];
+    let remap = cluster.floe(&["pg", "remap", &pg.to_string(), "1"]);
+    assert!(remap.contains("cluster map epoch"), "{remap}");
+    cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
+    let after = chunk_servers(cluster);
+    for (index, servers) in &after {
+        if groups[index] == pg {
+            assert!(
+                servers.iter().all(|id| new_ids.contains(id)),
+                "chunk {index} of remapped pg {pg} on the new layer {new_ids:?}: {servers:?}"
+            );
+        } else {
+            assert_eq!(
+                servers, &before[index],
+                "chunk {index} (pg {}) moved",
+                groups[index]
+            );
+        }
+    }
+    let (remapped, _) = moves(&cluster.floe(&["status"]));
+    let merge = cluster.floe(&["layer", "merge", "0", "1"]);
+    assert!(merge.contains("layers 0 and 1 merged"), "{merge}");
+    cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
+    let (moved, bytes) = moves(&cluster.floe(&["status"]));
+    println!(
+        "expand (mapx): pg remap {pg} 1 moved {remapped} chunks; layer merge 0 1 moved {} more \
+         ({:.1} MiB in all)",
+        moved - remapped,
+        bytes / 1048576.0
+    );
+}
+
 fn assert_verifies(cluster: &Cluster, work: &Path) {
     let uri = cluster.uri();
     let scrub = cluster.floe(&["scrub", "demo"]);
@@ -283,6 +335,8 @@ fn expand_under_fio(placement: &str) {
                     .all(|servers| servers.iter().all(|id| new_ids.contains(id))),
                 "new chunks land in the new layer {new_ids:?}: {grown:?}"
             );
+            assert!(qemu_io(&uri, &["read -P 0x5a 512M 64M"]).contains("read 67108864"));
+            remap_and_merge(&cluster, &new_ids);
             assert!(qemu_io(&uri, &["read -P 0x5a 512M 64M"]).contains("read 67108864"));
         }
         _ => {
