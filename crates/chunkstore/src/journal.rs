@@ -327,7 +327,7 @@ pub(crate) fn spawn_replay(files: Weak<Files>, queue: Arc<Queue>) {
                 let Some(files) = files.upgrade() else { return };
                 match replay_sweep(&files, &mut cursor) {
                     Ok(0) => {}
-                    Ok(_) => {
+                    Ok(sectors) => {
                         files
                             .journals
                             .as_ref()
@@ -335,7 +335,12 @@ pub(crate) fn spawn_replay(files: Weak<Files>, queue: Arc<Queue>) {
                             .replayed
                             .store(true, Ordering::Release);
                         queue.wake.notify_one();
-                        continue;
+                        // A full sweep means a backlog: go on at once. A partial one
+                        // caught up; the next waits a poll, so a trickle of writes is
+                        // replayed in batches, each with its syncs, not one by one.
+                        if sectors >= REPLAY_BATCH_BYTES / SECTOR_BYTES {
+                            continue;
+                        }
                     }
                     Err(e) => {
                         tracing::error!("journal replay failed, will retry: {e}");
@@ -391,6 +396,7 @@ fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
     let mut budget = REPLAY_BATCH_BYTES / SECTOR_BYTES;
     let mut copied = Vec::new();
     let mut touched = HashSet::new();
+    let mut created = HashSet::new();
     let mut data = Vec::new();
     for (chunk, sector, len, journal) in pieces {
         if budget == 0 {
@@ -430,9 +436,15 @@ fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
             let (j, at) = locate(now);
             data.resize((len * SECTOR_BYTES) as usize, 0);
             read_at(&journals.files[j], &mut data, at)?;
-            let file = files
-                .get(chunk, true)?
-                .expect("get with create returns a file");
+            let file = match files.get(chunk, false)? {
+                Some(file) => file,
+                None => {
+                    created.insert(chunk);
+                    files
+                        .get(chunk, true)?
+                        .expect("get with create returns a file")
+                }
+            };
             file.write_all_at(&data, offset * SECTOR_BYTES)?;
             touched.insert(chunk);
             copied.push((chunk, offset, len, now));
@@ -448,6 +460,9 @@ fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
         if let Some(file) = files.get(*chunk, false)? {
             file.sync_data()?;
         }
+    }
+    // Only a file this sweep created added directory entries.
+    for chunk in &created {
         dirs.extend(files.dirs_of(*chunk));
     }
     for dir in dirs {
