@@ -74,24 +74,37 @@ fn p99_and_iops(out: &std::process::Output, what: &str) -> (f64, f64) {
     (p99 / 1000.0, write["iops"].as_f64().unwrap_or(0.0))
 }
 
-/// Chunk index -> server ids, from `floe volume info`.
-fn chunk_servers(cluster: &Cluster) -> BTreeMap<u64, Vec<u32>> {
+/// Chunk index -> what `field` makes of the rest of its `floe volume info` line.
+fn chunk_lines<T>(cluster: &Cluster, field: impl Fn(&str) -> Option<T>) -> BTreeMap<u64, T> {
     cluster
         .floe(&["volume", "info", "demo"])
         .lines()
         .filter_map(|line| {
             let rest = line.trim().strip_prefix("chunk ")?;
             let (index, rest) = rest.split_once(':')?;
-            let servers = rest.split_whitespace().nth(1)?;
-            Some((
-                index.trim().parse().ok()?,
-                servers
-                    .split(',')
-                    .map(|id| id.trim_end_matches("(stale)").parse().unwrap())
-                    .collect(),
-            ))
+            Some((index.trim().parse().ok()?, field(rest)?))
         })
         .collect()
+}
+
+/// Chunk index -> server ids, from `floe volume info`.
+fn chunk_servers(cluster: &Cluster) -> BTreeMap<u64, Vec<u32>> {
+    chunk_lines(cluster, |rest| {
+        let servers = rest.split_whitespace().nth(1)?;
+        Some(
+            servers
+                .split(',')
+                .map(|id| id.trim_end_matches("(stale)").parse().unwrap())
+                .collect(),
+        )
+    })
+}
+
+/// Chunk index -> placement group, from `floe volume info`.
+fn pgs(cluster: &Cluster) -> BTreeMap<u64, u32> {
+    chunk_lines(cluster, |rest| {
+        rest.split_once(" pg ")?.1.trim().parse().ok()
+    })
 }
 
 /// Ids of the chunk servers on `hosts`, from `floe status`.
@@ -204,21 +217,6 @@ fn await_new_servers(cluster: &Cluster) -> BTreeSet<u32> {
     servers_on(cluster, &NEW_HOSTS)
 }
 
-/// Scrub clean, and fio's random writes and the fill read back.
-/// Chunk index -> placement group, as `floe volume info` lists them.
-fn pgs(cluster: &Cluster) -> BTreeMap<u64, u32> {
-    cluster
-        .floe(&["volume", "info", "demo"])
-        .lines()
-        .filter_map(|line| {
-            let rest = line.trim().strip_prefix("chunk ")?;
-            let (index, rest) = rest.split_once(':')?;
-            let pg = rest.split_once(" pg ")?.1;
-            Some((index.trim().parse().ok()?, pg.trim().parse().ok()?))
-        })
-        .collect()
-}
-
 /// MAPX operator moves on the live cluster: `pg remap` of chunk 0's placement group
 /// to the new layer moves exactly that group's chunks there; `layer merge 0 1` then
 /// moves chunks of both layers and leaves every chunk where the merged map places it.
@@ -257,6 +255,7 @@ fn remap_and_merge(cluster: &Cluster, new_ids: &BTreeSet<u32>) {
     );
 }
 
+/// Scrub clean, and fio's random writes and the fill read back.
 fn assert_verifies(cluster: &Cluster, work: &Path) {
     let uri = cluster.uri();
     let scrub = cluster.floe(&["scrub", "demo"]);
