@@ -158,7 +158,7 @@ impl Cluster {
     pub fn wait_for_status(&self, text: &str, timeout: Duration) -> Duration {
         let started = Instant::now();
         loop {
-            let out = output(Command::new(FLOE).args(["--master", &self.info.master, "status"]));
+            let out = crate::io_helpers::floe_output(self, &["status"]);
             let status = if out.status.success() {
                 String::from_utf8_lossy(&out.stdout).into_owned()
             } else {

@@ -14,6 +14,10 @@ const BLOCK: u64 = 4096;
 const UNIT: u64 = 64 << 10;
 const COUNT: u64 = 4;
 const VOLUME_ID: u64 = 1;
+/// Writes the writer keeps in flight.
+const DEPTH: u32 = 32;
+/// Acknowledged writes after which the writer says `started`.
+const STARTED: u32 = 100;
 
 /// (chunk index, offset in the chunk) of a volume offset in the first object set.
 fn locate(offset: u64) -> (u64, u64) {
@@ -22,9 +26,9 @@ fn locate(offset: u64) -> (u64, u64) {
 }
 
 /// An nbdsh script that writes `count` random 4 KiB blocks in the first `region`
-/// bytes, 32 in flight (so they outrun the emulated hdd's replay), never two at once to
-/// one block. It prints `started` once 100 writes are acknowledged, and at the end the
-/// last content of every block written (all acknowledged by then).
+/// bytes, [`DEPTH`] in flight (so they outrun the emulated hdd's replay), never two at
+/// once to one block. It prints `started` once [`STARTED`] writes are acknowledged,
+/// and at the end the last content of every block written (all acknowledged by then).
 fn small_writes_script(count: u32, region: u64, seed: u32) -> String {
     format!(
         "import random, sys\n\
@@ -35,13 +39,13 @@ fn small_writes_script(count: u32, region: u64, seed: u32) -> String {
              while not h.aio_command_completed(cookie):\n        \
                  h.poll(-1)\n\
          for i in range({count}):\n    \
-             if i == 132:\n        \
+             if i == {STARTED} + {DEPTH}:\n        \
                  print('started', flush=True)\n    \
              b = r.randrange({blocks})\n    \
              v = (i % 251) + 1\n    \
              if b in pending:\n        \
                  settle(pending.pop(b))\n    \
-             while len(pending) >= 32:\n        \
+             while len(pending) >= {DEPTH}:\n        \
                  settle(pending.pop(next(iter(pending))))\n    \
              buf = nbd.Buffer.from_bytearray(bytearray([v]) * {BLOCK})\n    \
              pending[b] = h.aio_pwrite(buf, b * {BLOCK})\n    \
