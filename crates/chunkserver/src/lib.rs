@@ -149,7 +149,7 @@ pub async fn run(config: Config) -> Result<(), String> {
         journals = %journals.join(","),
         "chunk server listening"
     );
-    let registration = ControlRequest::Register {
+    let registration = Registration {
         uuid,
         address,
         host: config.host.clone(),
@@ -157,20 +157,60 @@ pub async fn run(config: Config) -> Result<(), String> {
         emulated: config.store.emulate_hdd,
         capacity_bytes: config.capacity_bytes,
     };
-    let server = Arc::new(ChunkServer {
+    let server = start(
         store,
-        peers: ConnectionPool::default(),
-        slots: Mutex::default(),
-        generations: Mutex::default(),
-    });
-    tokio::spawn(heartbeat_loop(
-        config.master.clone(),
         registration,
-        server.clone(),
-    ));
+        config.master.clone(),
+        ConnectionPool::default(),
+    );
     server::serve(listener, server)
         .await
         .map_err(|e| format!("accept failed: {e}"))
+}
+
+/// What a chunk server tells the master about itself.
+pub struct Registration {
+    pub uuid: String,
+    pub address: String,
+    pub host: String,
+    pub class: DeviceClass,
+    pub emulated: bool,
+    pub capacity_bytes: u64,
+}
+
+/// Starts serving `store`: keeps the server registered with the master at `master`
+/// and returns the request handler. Every call to another process goes through
+/// `peers`, so the simulator can run the same server on its own network.
+pub fn start(
+    store: Store,
+    registration: Registration,
+    master: String,
+    peers: ConnectionPool,
+) -> Arc<impl Handler> {
+    let Registration {
+        uuid,
+        address,
+        host,
+        class,
+        emulated,
+        capacity_bytes,
+    } = registration;
+    let registration = ControlRequest::Register {
+        uuid,
+        address,
+        host,
+        class,
+        emulated,
+        capacity_bytes,
+    };
+    let server = Arc::new(ChunkServer {
+        store,
+        peers,
+        slots: Mutex::default(),
+        generations: Mutex::default(),
+    });
+    tokio::spawn(heartbeat_loop(master, registration, server.clone()));
+    server
 }
 
 fn load_or_create_uuid(dir: &std::path::Path) -> Result<String, String> {
@@ -193,7 +233,7 @@ fn load_or_create_uuid(dir: &std::path::Path) -> Result<String, String> {
 /// chunks the new writer has not touched yet.
 async fn heartbeat_loop(master: String, registration: ControlRequest, server: Arc<ChunkServer>) {
     let store = &server.store;
-    let pool = ConnectionPool::default();
+    let pool = server.peers.clone();
     let mut id: Option<ServerId> = None;
     let mut used_bytes = store.used_bytes();
     let mut beats = 0u32;

@@ -16,7 +16,8 @@ use floe_chunkstore::store::CHUNK_BYTES_MAX;
 use floe_chunkstore::ChunkMeta;
 use floe_protocol::connection::CallError;
 use floe_protocol::{ChunkId, ControlRequest, ControlResponse, Request, Response, Status};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Bytes per read from the source.
 const PIECE_BYTES: u64 = 1 << 20;

@@ -13,10 +13,21 @@ pub struct MasterClient {
 
 impl MasterClient {
     pub fn new(address: &str) -> MasterClient {
+        MasterClient::over(address, ConnectionPool::default())
+    }
+
+    /// Calls the master, and (through [`MasterClient::pool`]) chunk servers, over
+    /// `pool`'s transport.
+    pub fn over(address: &str, pool: ConnectionPool) -> MasterClient {
         MasterClient {
             address: address.to_string(),
-            pool: ConnectionPool::default(),
+            pool,
         }
+    }
+
+    /// This process's connections, shared with the volumes opened through it.
+    pub fn pool(&self) -> &ConnectionPool {
+        &self.pool
     }
 
     pub fn address(&self) -> &str {

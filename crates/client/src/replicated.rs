@@ -33,7 +33,8 @@ use floe_protocol::{
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// How long a replica may take before the writer commits without it.
 pub const REPLICA_TIMEOUT: Duration = Duration::from_secs(2);
@@ -135,6 +136,7 @@ fn is_transport(e: &CallError) -> bool {
 impl ReplicatedChunks {
     pub fn new(master: Arc<MasterClient>, map: VolumeMap, lease: Option<Lease>) -> Self {
         let chunks = ReplicatedChunks {
+            pool: master.pool().clone(),
             master,
             volume_id: map.volume.id,
             volume_name: map.volume.spec.name.clone(),
@@ -145,7 +147,6 @@ impl ReplicatedChunks {
             unavailable: Mutex::default(),
             placer: Mutex::default(),
             suspects: Mutex::default(),
-            pool: ConnectionPool::default(),
         };
         chunks.absorb_map(map);
         chunks

@@ -29,9 +29,10 @@ use floe_protocol::{
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 /// A chunk server silent for this long is considered down.
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -121,8 +122,13 @@ pub(crate) fn store_failed(e: floe_metadata::MetaError) -> (Status, String) {
 }
 
 impl Master {
-    /// Loads the cluster state from the metadata store.
-    pub async fn load(store: Box<dyn MetaStore>, settings: Settings) -> Result<Master, String> {
+    /// Loads the cluster state from the metadata store; calls to chunk servers go
+    /// through `peers`.
+    pub async fn load(
+        store: Box<dyn MetaStore>,
+        settings: Settings,
+        peers: ConnectionPool,
+    ) -> Result<Master, String> {
         let corrupt =
             |key: &str, e: serde_json::Error| format!("metadata key {key} is corrupt: {e}");
         let mut state = State {
@@ -203,7 +209,7 @@ impl Master {
         let master = Master {
             store,
             state: Mutex::new(state),
-            peers: ConnectionPool::default(),
+            peers,
             recovery: recovery::Progress::new(settings.recovery),
             moves: recovery::Progress::new(settings.moves),
         };
@@ -772,14 +778,25 @@ impl Handler for Master {
     }
 }
 
+/// Loads the master's state and starts its background work (failure detection,
+/// repairs, moves); returns the request handler.
+pub async fn start(
+    store: Box<dyn MetaStore>,
+    settings: Settings,
+    peers: ConnectionPool,
+) -> Result<Arc<Master>, String> {
+    let master = Arc::new(Master::load(store, settings, peers).await?);
+    tokio::spawn(recovery::run(master.clone()));
+    Ok(master)
+}
+
 /// Serves the master on `listener` over the metadata store at `metadata` (see
 /// `floe_metadata::open`), repairing and moving chunks within `settings`.
 pub async fn run(listener: TcpListener, metadata: &str, settings: Settings) -> Result<(), String> {
     let store = floe_metadata::open(metadata)
         .await
         .map_err(|e| e.to_string())?;
-    let master = Arc::new(Master::load(store, settings).await?);
-    tokio::spawn(recovery::run(master.clone()));
+    let master = start(store, settings, ConnectionPool::default()).await?;
     tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, %metadata, "master serving");
     server::serve(listener, master)
         .await

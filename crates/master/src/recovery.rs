@@ -32,7 +32,8 @@ use floe_protocol::{
 };
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// How hard recovery may work: it shares disks, network and CPU with client I/O.
 #[derive(Debug, Clone, Copy)]

@@ -2,6 +2,7 @@
 //!
 //! - [`embedded`]: a single redb file, the zero-setup default for one machine.
 //! - [`etcd`]: etcd v3 (Debian's `etcd-server`), the production back end.
+//! - [`memory`]: in memory, shared by clones: the deterministic simulator's.
 //!
 //! Keys are UTF-8 strings with `/`-separated prefixes, values opaque bytes. A batch of
 //! operations applies atomically, so the master never leaves half an update behind.
@@ -10,6 +11,7 @@ use async_trait::async_trait;
 
 pub mod embedded;
 pub mod etcd;
+pub mod memory;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {

@@ -48,8 +48,25 @@ fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
 /// Expects an empty store.
 async fn suite(address: &str) {
     let store = open(address).await.unwrap();
-    let s = store.as_ref();
+    semantics(store.as_ref()).await;
+    // Reopening sees everything committed.
+    drop(store);
+    let store = open(address).await.unwrap();
+    assert_eq!(scan(store.as_ref(), "").await, after_semantics());
+}
 
+/// What [`semantics`] leaves in the store.
+fn after_semantics() -> Vec<(String, String)> {
+    pairs(&[
+        ("a/c", "3"),
+        ("a0", "6"),
+        ("vol/x", "meta"),
+        ("vol/x/chunk/0", "c0"),
+    ])
+}
+
+/// Checks a store's semantics on an empty store.
+async fn semantics(s: &dyn MetaStore) {
     // put / get / overwrite / delete
     assert_eq!(get(s, "k").await, None);
     s.apply(vec![put("k", "1")]).await.unwrap();
@@ -139,28 +156,17 @@ async fn suite(address: &str) {
     ])
     .await
     .unwrap();
-    assert_eq!(
-        scan(s, "").await,
-        pairs(&[
-            ("a/c", "3"),
-            ("a0", "6"),
-            ("vol/x", "meta"),
-            ("vol/x/chunk/0", "c0")
-        ])
-    );
+    assert_eq!(scan(s, "").await, after_semantics());
+}
 
-    // Reopening sees everything committed.
+#[tokio::test]
+async fn memory_store_and_its_clones_share_contents() {
+    let store = floe_metadata::memory::MemoryStore::default();
+    semantics(&store).await;
+    // A restarted master holds a clone, as masters share an etcd cluster.
+    let clone = store.clone();
     drop(store);
-    let store = open(address).await.unwrap();
-    assert_eq!(
-        scan(store.as_ref(), "").await,
-        pairs(&[
-            ("a/c", "3"),
-            ("a0", "6"),
-            ("vol/x", "meta"),
-            ("vol/x/chunk/0", "c0")
-        ])
-    );
+    assert_eq!(scan(&clone, "").await, after_semantics());
 }
 
 #[tokio::test]

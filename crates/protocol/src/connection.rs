@@ -5,6 +5,7 @@
 
 use crate::frame::{Frame, FrameError, Status};
 use crate::message::{Request, Response};
+use crate::transport::{CallFuture, Transport};
 use crate::PROTOCOL_VERSION;
 use bytes::BytesMut;
 use std::collections::HashMap;
@@ -194,14 +195,15 @@ pub(crate) async fn write_loop<W: tokio::io::AsyncWrite + Unpin>(
     }
 }
 
-/// Connections to many peers, opened on first use and reopened after a failure.
+/// Connections to many peers over TCP, opened on first use and reopened after a
+/// failure: the transport of real processes.
 #[derive(Default)]
-pub struct ConnectionPool {
+pub struct TcpTransport {
     connections: Mutex<HashMap<String, Arc<Connection>>>,
 }
 
-impl ConnectionPool {
-    pub async fn get(&self, address: &str) -> Result<Arc<Connection>, CallError> {
+impl TcpTransport {
+    async fn get(&self, address: &str) -> Result<Arc<Connection>, CallError> {
         if let Some(c) = self.connections.lock().unwrap().get(address) {
             if !c.is_closed() {
                 return Ok(c.clone());
@@ -217,34 +219,21 @@ impl ConnectionPool {
         }
         Ok(entry.clone())
     }
+}
 
+impl Transport for TcpTransport {
     /// One call, with one reconnect if the pooled connection had died meanwhile.
-    pub async fn call(&self, address: &str, request: Request) -> Result<Response, CallError> {
-        let connection = self.get(address).await?;
-        match connection.call(request.clone()).await {
-            Err(CallError::Closed(_)) => self.get(address).await?.call(request).await,
-            other => other,
-        }
+    fn call<'a>(&'a self, address: &'a str, request: Request) -> CallFuture<'a> {
+        Box::pin(async move {
+            let connection = self.get(address).await?;
+            match connection.call(request.clone()).await {
+                Err(CallError::Closed(_)) => self.get(address).await?.call(request).await,
+                other => other,
+            }
+        })
     }
 
-    /// A call that fails as `Closed` when no answer comes within `limit`. The
-    /// connection is then dropped from the pool: a peer cut off by the network never
-    /// answers on it, and TCP may take many minutes to declare it dead, so the next
-    /// call starts afresh.
-    pub async fn call_within(
-        &self,
-        address: &str,
-        request: Request,
-        limit: std::time::Duration,
-    ) -> Result<Response, CallError> {
-        match tokio::time::timeout(limit, self.call(address, request)).await {
-            Ok(reply) => reply,
-            Err(_) => {
-                self.connections.lock().unwrap().remove(address);
-                Err(CallError::Closed(format!(
-                    "{address} (no answer within {limit:?})"
-                )))
-            }
-        }
+    fn forget(&self, address: &str) {
+        self.connections.lock().unwrap().remove(address);
     }
 }

@@ -8,6 +8,8 @@
 //! - [`connection`]: a pipelined client connection: many requests in flight, replies
 //!   matched by request id, outgoing frames batched into few socket writes.
 //! - [`server`]: the accept loop and per-connection serving with the same batching.
+//! - [`transport`]: the seam under every inter-process call: TCP for real processes,
+//!   an in-process network for the simulator; [`ConnectionPool`] calls through it.
 //!
 //! Every connection starts with a `Hello` carrying [`PROTOCOL_VERSION`]; a peer with
 //! another version is refused with a clear error.
@@ -15,13 +17,15 @@ pub mod connection;
 pub mod frame;
 pub mod message;
 pub mod server;
+pub mod transport;
 pub mod types;
 
-pub use connection::{Connection, ConnectionPool};
+pub use connection::{Connection, TcpTransport};
 pub use frame::{Frame, FrameError, Status};
 pub use message::{
     ClusterMapInfo, ControlRequest, ControlResponse, LayerInfo, Proposal, Request, Response,
 };
+pub use transport::{ConnectionPool, Transport};
 pub use types::*;
 
 /// Bumped on any incompatible change of frames or messages.
