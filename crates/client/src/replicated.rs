@@ -31,6 +31,7 @@ use floe_protocol::{
     ControlResponse, Proposal, Request, Response, ServerId, ServerInfo, Stamp, Status, VolumeMap,
     VolumeSpec,
 };
+use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,6 +45,8 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// Writes up to this size are sent by the client to all replicas (URSA's T_c).
 const CLIENT_DIRECTED_BYTES_MAX: usize = 8 << 10;
+/// Chunks whose versions a new writer learns at once.
+const LEARN_CONCURRENCY: usize = 32;
 /// A server that failed a request is avoided for this long on other chunks too.
 const SUSPECT_FOR: Duration = Duration::from_secs(10);
 
@@ -309,33 +312,64 @@ impl ReplicatedChunks {
     }
 
     /// Leaves `server` behind on chunk `index` and tells the master, which marks the
-    /// replica stale and repairs it.
+    /// replica stale and repairs it. Returns once the master knows (or, after the
+    /// request deadline, gives the replica another chance so a later change reports
+    /// it again): a change acknowledged without a replica must not leave the master
+    /// believing that replica current.
     async fn leave_behind(&self, index: u64, server: ServerId, why: &CallError) {
         {
             let mut chunks = self.chunks.lock().unwrap();
             let Some(chunk) = chunks.get_mut(&index) else {
                 return;
             };
-            if !chunk.excluded.insert(server) {
-                return;
+            if chunk.excluded.insert(server) {
+                tracing::warn!(chunk = index, server, "replica left behind: {why}");
             }
         }
         if is_transport(why) {
             self.suspects.lock().unwrap().insert(server, Instant::now());
         }
-        tracing::warn!(chunk = index, server, "replica left behind: {why}");
         let report = ControlRequest::ReportLaggard {
             volume_id: self.volume_id,
             index,
             server,
         };
-        match self.master.call(report).await {
-            Ok(ControlResponse::Chunk { placement, servers }) => {
-                self.absorb(vec![placement], servers)
+        let deadline = Instant::now() + REQUEST_DEADLINE;
+        loop {
+            match tokio::time::timeout(REPLICA_TIMEOUT, self.master.call(report.clone())).await {
+                Ok(Ok(ControlResponse::Chunk { placement, servers })) => {
+                    return self.absorb(vec![placement], servers)
+                }
+                Ok(Ok(other)) => {
+                    return tracing::warn!("master answered a laggard report with {other:?}")
+                }
+                failed if Instant::now() > deadline => {
+                    tracing::warn!("cannot report a laggard to the master: {failed:?}");
+                    if let Some(chunk) = self.chunks.lock().unwrap().get_mut(&index) {
+                        chunk.excluded.remove(&server);
+                    }
+                    return;
+                }
+                _ => tokio::time::sleep(RETRY_PAUSE).await,
             }
-            Ok(other) => tracing::warn!("master answered a laggard report with {other:?}"),
-            Err(e) => tracing::warn!("cannot report a laggard to the master: {e}"),
         }
+    }
+
+    /// Learns every allocated chunk's version now rather than at its first touch: a
+    /// writer that died after committing changes without some replica may not have
+    /// told the master, and only its successor can find such replicas and report
+    /// them. A chunk that does not answer in time is learned at its first touch.
+    pub async fn learn_versions(&self) {
+        let indices: Vec<u64> = self.chunks.lock().unwrap().keys().copied().collect();
+        futures::stream::iter(indices)
+            .for_each_concurrent(LEARN_CONCURRENCY, |index| async move {
+                let learned =
+                    tokio::time::timeout(REPLICA_TIMEOUT * 2, self.learn_version(index)).await;
+                if !matches!(learned, Ok(Ok(()))) {
+                    tracing::debug!(chunk = index, "version not learned at open: {learned:?}");
+                }
+            })
+            .await;
     }
 
     /// Learns the chunk's current version from its good replicas (once per chunk):

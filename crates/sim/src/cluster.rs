@@ -1,0 +1,265 @@
+//! The simulated cluster: a master, chunk servers on hosts and gateways, each the real
+//! code started on the simulated network, and what kills and restarts them.
+
+use crate::network::{service, Network, ProcessId, SimTransport};
+use async_trait::async_trait;
+use floe_blockdev::BlockDevice;
+use floe_chunkserver::{Registration, StoreOptions};
+use floe_chunkstore::Store;
+use floe_client::master::MasterClient;
+use floe_metadata::memory::MemoryStore;
+use floe_metadata::{MetaError, MetaStore, Op};
+use floe_protocol::{ConnectionPool, DeviceClass};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub const MASTER_ADDRESS: &str = "master:7700";
+pub const VOLUME: &str = "sim";
+
+/// The master's metadata service: it outlives masters (as etcd does), but a dead
+/// master's zombie tasks can no longer write to it.
+struct MasterMeta {
+    inner: MemoryStore,
+    network: Arc<Network>,
+    process: ProcessId,
+    incarnation: u64,
+}
+
+impl MasterMeta {
+    async fn alive(&self) {
+        if !self.network.is_current(self.process, self.incarnation) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[async_trait]
+impl MetaStore for MasterMeta {
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        self.alive().await;
+        self.inner.get(key).await
+    }
+
+    async fn scan_prefix(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, MetaError> {
+        self.alive().await;
+        self.inner.scan_prefix(prefix).await
+    }
+
+    async fn apply(&self, ops: Vec<Op>) -> Result<(), MetaError> {
+        self.alive().await;
+        self.inner.apply(ops).await
+    }
+}
+
+/// A chunk server's data directory. kill -9 keeps every byte the process wrote (the
+/// page cache survives it), so the successor starts on a copy taken at the kill and
+/// a zombie's late writes land where nobody reads.
+struct DataDir {
+    root: PathBuf,
+    life: u32,
+}
+
+impl DataDir {
+    fn current(&self) -> PathBuf {
+        self.root.join(self.life.to_string())
+    }
+
+    fn kill(&mut self) {
+        let from = self.current();
+        self.life += 1;
+        copy_tree(&from, &self.current());
+    }
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("sim data directory");
+    let mut entries: Vec<_> = std::fs::read_dir(from)
+        .map(|d| d.map(|e| e.expect("readdir").path()).collect())
+        .unwrap_or_default();
+    entries.sort();
+    for path in entries {
+        let target = to.join(path.file_name().expect("a named entry"));
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).expect("copy a data file");
+        }
+    }
+}
+
+pub struct Server {
+    pub process: ProcessId,
+    pub host: String,
+    pub address: String,
+    uuid: String,
+    dir: DataDir,
+    /// Died for good and marked lost.
+    pub lost: bool,
+}
+
+pub struct Gateway {
+    pub process: ProcessId,
+    pub name: String,
+    pub device: Option<Arc<dyn BlockDevice>>,
+}
+
+pub struct Cluster {
+    pub network: Arc<Network>,
+    meta: MemoryStore,
+    settings: floe_master::Settings,
+    pub master: ProcessId,
+    pub servers: Vec<Server>,
+    pub gateways: Vec<Gateway>,
+    /// The operator's CLI.
+    admin: Arc<MasterClient>,
+    scratch: PathBuf,
+}
+
+impl Cluster {
+    pub fn new(network: Arc<Network>, settings: floe_master::Settings, scratch: &Path) -> Cluster {
+        let master = network.add("master", "master");
+        let admin_process = network.add("admin", "admin");
+        let admin = Arc::new(MasterClient::over(
+            MASTER_ADDRESS,
+            ConnectionPool::over(network.boot(admin_process)),
+        ));
+        Cluster {
+            network,
+            meta: MemoryStore::default(),
+            settings,
+            master,
+            servers: Vec::new(),
+            gateways: Vec::new(),
+            admin,
+            scratch: scratch.to_path_buf(),
+        }
+    }
+
+    pub fn admin(&self) -> &Arc<MasterClient> {
+        &self.admin
+    }
+
+    /// A pool for calls from the admin process (to chunk servers, for checks).
+    pub fn admin_pool(&self) -> &ConnectionPool {
+        self.admin.pool()
+    }
+
+    pub async fn start_master(&self) -> Result<(), String> {
+        let transport = self.network.boot(self.master);
+        let meta = MasterMeta {
+            inner: self.meta.clone(),
+            network: self.network.clone(),
+            process: self.master,
+            incarnation: transport.incarnation(),
+        };
+        let master = floe_master::start(
+            Box::new(meta),
+            self.settings,
+            ConnectionPool::over(transport.clone()),
+        )
+        .await
+        .map_err(|e| format!("the master did not start: {e}"))?;
+        self.network
+            .serve(&transport, MASTER_ADDRESS, service(master));
+        Ok(())
+    }
+
+    pub fn kill_master(&self) {
+        self.network.kill(self.master);
+    }
+
+    /// Adds a chunk server on `host` (not started).
+    pub fn add_server(&mut self, host: &str) -> usize {
+        let n = self.servers.len();
+        let name = format!("cs{n}");
+        let process = self.network.add(&name, host);
+        self.servers.push(Server {
+            process,
+            host: host.to_string(),
+            address: format!("{name}:7000"),
+            uuid: format!("{n:032x}"),
+            dir: DataDir {
+                root: self.scratch.join(&name),
+                life: 0,
+            },
+            lost: false,
+        });
+        n
+    }
+
+    pub fn start_server(&self, n: usize) -> Result<(), String> {
+        let server = &self.servers[n];
+        let transport = self.network.boot(server.process);
+        let dir = server.dir.current();
+        let store = Store::open_with(&dir, &StoreOptions::default())
+            .map_err(|e| format!("chunk server {n} cannot open its data after a crash: {e}"))?;
+        let handler = floe_chunkserver::start(
+            store,
+            Registration {
+                uuid: server.uuid.clone(),
+                address: server.address.clone(),
+                host: server.host.clone(),
+                class: DeviceClass::Ssd,
+                emulated: false,
+                capacity_bytes: 1 << 30,
+            },
+            MASTER_ADDRESS.to_string(),
+            ConnectionPool::over(transport.clone()),
+        );
+        self.network
+            .serve(&transport, &server.address, service(handler));
+        Ok(())
+    }
+
+    /// kill -9 of a chunk server.
+    pub fn kill_server(&mut self, n: usize) {
+        self.network.kill(self.servers[n].process);
+        self.servers[n].dir.kill();
+    }
+
+    pub fn add_gateway(&mut self) -> usize {
+        let n = self.gateways.len();
+        let name = format!("gw{n}");
+        let process = self.network.add(&name, &name);
+        self.gateways.push(Gateway {
+            process,
+            name,
+            device: None,
+        });
+        n
+    }
+
+    /// Opens the volume for writing on gateway `n` (booting it if it is down).
+    pub async fn open_volume(&mut self, n: usize) -> Result<Arc<dyn BlockDevice>, String> {
+        let gateway = &self.gateways[n];
+        if self.network.alive(gateway.process) {
+            self.network.kill(gateway.process);
+        }
+        let transport = self.network.boot(gateway.process);
+        let device = open(transport, VOLUME, Some(&gateway.name)).await?;
+        self.gateways[n].device = Some(device.clone());
+        Ok(device)
+    }
+
+    pub fn kill_gateway(&mut self, n: usize) {
+        self.network.kill(self.gateways[n].process);
+        self.gateways[n].device = None;
+    }
+}
+
+/// Opens `volume` through the master, for writing as `holder` or read-only.
+pub async fn open(
+    transport: Arc<SimTransport>,
+    volume: &str,
+    holder: Option<&str>,
+) -> Result<Arc<dyn BlockDevice>, String> {
+    let master = Arc::new(MasterClient::over(
+        MASTER_ADDRESS,
+        ConnectionPool::over(transport),
+    ));
+    let access = match holder {
+        Some(holder) => floe_client::Access::Write { holder },
+        None => floe_client::Access::Read,
+    };
+    floe_client::open_volume(master, volume, access).await
+}

@@ -1,0 +1,105 @@
+//! Runs the cluster simulator over many seeds.
+//!
+//! - `cargo test -p floe-sim`: a few hundred seeds from a random base it prints;
+//! - `FLOE_SIM_SEED=S`: that one seed, with the cluster's logs (`RUST_LOG` filters);
+//! - `FLOE_SIM_SEEDS=N`: N seeds (the soak), `FLOE_SIM_BASE=B` fixes the base;
+//! - `FLOE_SIM_KEEP_GOING=1`: run every seed and list the failures at the end.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+const SEEDS_DEFAULT: u64 = 200;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
+    })
+}
+
+#[test]
+fn seeds() {
+    if let Some(seed) = env_u64("FLOE_SIM_SEED") {
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .with_test_writer()
+            .init();
+        match floe_sim::run(seed) {
+            Ok(report) => {
+                for e in &report.events {
+                    println!("{e}");
+                }
+                println!("seed {seed}: ok, {report:?}");
+            }
+            Err(failure) => panic!("{failure}"),
+        }
+        return;
+    }
+    let count = env_u64("FLOE_SIM_SEEDS").unwrap_or(SEEDS_DEFAULT);
+    let base = env_u64("FLOE_SIM_BASE").unwrap_or_else(|| rand::random::<u32>() as u64);
+    println!(
+        "simulating seeds {base}..{} (FLOE_SIM_BASE={base})",
+        base + count
+    );
+    let started = Instant::now();
+    let keep_going = std::env::var_os("FLOE_SIM_KEEP_GOING").is_some();
+    // Seeds are independent: one thread per core, each taking the next seed.
+    let next = AtomicU64::new(base);
+    let totals = Mutex::new((0, 0, Vec::new()));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= base + count || (!keep_going && !totals.lock().unwrap().2.is_empty()) {
+                    return;
+                }
+                let result = floe_sim::run(seed);
+                let mut totals = totals.lock().unwrap();
+                match result {
+                    Ok(report) => {
+                        totals.0 += report.writes_acked;
+                        totals.1 += report.reads_checked;
+                    }
+                    Err(failure) => {
+                        println!("{failure}");
+                        totals.2.push(seed);
+                    }
+                }
+            });
+        }
+    });
+    let (writes, reads, mut failed) = totals.into_inner().unwrap();
+    failed.sort_unstable();
+    println!(
+        "{count} seeds from {base}, {} failed, {writes} acknowledged writes, {reads} reads checked, in {:.1?}",
+        failed.len(),
+        started.elapsed()
+    );
+    assert!(failed.is_empty(), "failing seeds: {failed:?}");
+}
+
+/// Two runs of one seed send the same messages at the same virtual times and end
+/// alike.
+#[test]
+fn a_seed_replays_exactly() {
+    let seed = env_u64("FLOE_SIM_BASE").unwrap_or(7);
+    let run = || match floe_sim::run(seed) {
+        Ok(report) => (report.events, report.trace, Vec::new()),
+        Err(failure) => (
+            failure.report.events,
+            failure.report.trace,
+            failure.violations,
+        ),
+    };
+    let (first, second) = (run(), run());
+    assert_eq!(first, second, "seed {seed} ran differently twice");
+    assert!(
+        first.1 .1 > 1000,
+        "too few messages to prove anything: {first:?}"
+    );
+}
