@@ -360,7 +360,8 @@ impl ReplicatedChunks {
     /// told the master, and only its successor can find such replicas and report
     /// them. A chunk that does not answer in time is learned at its first touch.
     pub async fn learn_versions(&self) {
-        let indices: Vec<u64> = self.chunks.lock().unwrap().keys().copied().collect();
+        let mut indices: Vec<u64> = self.chunks.lock().unwrap().keys().copied().collect();
+        indices.sort_unstable();
         futures::stream::iter(indices)
             .for_each_concurrent(LEARN_CONCURRENCY, |index| async move {
                 let learned =

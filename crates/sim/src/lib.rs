@@ -31,7 +31,6 @@ pub mod workload;
 pub use scenario::Report;
 
 /// A seed that broke a rule, with what it did.
-#[derive(Debug)]
 pub struct Failure {
     pub seed: u64,
     pub violations: Vec<String>,

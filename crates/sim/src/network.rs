@@ -75,6 +75,9 @@ struct State {
     cut: BTreeSet<(ProcessId, ProcessId)>,
     trace_hash: u64,
     messages: u64,
+    /// Every message leg: (virtual µs, from, to, kind), to find where two runs of
+    /// one seed part.
+    trace: Vec<(u64, usize, usize, u64)>,
 }
 
 pub struct Network {
@@ -101,6 +104,7 @@ impl Network {
                 cut: BTreeSet::new(),
                 trace_hash: 0xcbf2_9ce4_8422_2325,
                 messages: 0,
+                trace: Vec::new(),
             }),
             healed: Notify::new(),
             start: Instant::now(),
@@ -216,6 +220,11 @@ impl Network {
         (s.trace_hash, s.messages)
     }
 
+    /// Every message leg so far: (virtual µs, from, to, kind).
+    pub fn trace(&self) -> Vec<(u64, usize, usize, u64)> {
+        self.state.lock().unwrap().trace.clone()
+    }
+
     /// Waits until `from` and `to` can talk (TCP retransmits across a partition);
     /// false if `to`'s incarnation died meanwhile (the connection was reset).
     async fn path_open(&self, from: ProcessId, to: ProcessId, to_incarnation: u64) -> bool {
@@ -264,6 +273,7 @@ impl Network {
             s.trace_hash = (s.trace_hash ^ word).wrapping_mul(0x0100_0000_01b3);
         }
         s.messages += 1;
+        s.trace.push((now, from.0, to.0, kind));
         (delay, dropped, duplicated)
     }
 

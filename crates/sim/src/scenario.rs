@@ -26,13 +26,15 @@ const HOSTS: usize = 4;
 const OPEN_TIME_MAX: Duration = Duration::from_secs(90);
 
 /// What a seed did.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Report {
     pub writes_acked: usize,
     pub reads_checked: u64,
     pub events: Vec<String>,
     /// (fingerprint, messages): equal for two runs of one seed.
     pub trace: (u64, u64),
+    /// Every message leg (see [`Network::trace`]).
+    pub legs: Vec<(u64, usize, usize, u64)>,
     pub virtual_time: Duration,
 }
 
@@ -129,6 +131,7 @@ pub async fn run(seed: u64, scratch: &std::path::Path) -> Result<Report, (Vec<St
         reads_checked: run.ledger.reads_checked(),
         events: run.events,
         trace: network.trace_hash(),
+        legs: network.trace(),
         virtual_time: network.now(),
     };
     if run.violations.is_empty() {
