@@ -56,7 +56,7 @@ impl std::fmt::Display for Failure {
 }
 
 /// Runs one seed on a fresh single-threaded runtime with a paused clock.
-pub fn run(seed: u64) -> Result<Report, Failure> {
+pub fn run(seed: u64) -> Result<Report, Box<Failure>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -66,10 +66,12 @@ pub fn run(seed: u64) -> Result<Report, Failure> {
     let result = runtime.block_on(scenario::run(seed, scratch.path()));
     // Zombie tasks of killed processes die with the runtime.
     drop(runtime);
-    result.map_err(|(violations, report)| Failure {
-        seed,
-        violations,
-        report,
+    result.map_err(|(violations, report)| {
+        Box::new(Failure {
+            seed,
+            violations,
+            report,
+        })
     })
 }
 
