@@ -50,11 +50,21 @@ impl Observations {
             (
                 Request::Control(ControlRequest::AcquireLease { holder, .. }),
                 Response::Control(ControlResponse::Lease { generation, .. }),
-            ) => inner.grants.push(Grant {
-                at,
-                holder: holder.clone(),
-                generation: *generation,
-            }),
+            ) => {
+                if let Some(last) = inner.grants.last().filter(|g| g.generation >= *generation) {
+                    let message = format!(
+                        "lease generation {generation} granted to {holder} at {at:?}, after \
+                         generation {} went to {}",
+                        last.generation, last.holder
+                    );
+                    inner.violations.push(message);
+                }
+                inner.grants.push(Grant {
+                    at,
+                    holder: holder.clone(),
+                    generation: *generation,
+                })
+            }
             (
                 Request::Write {
                     chunk,
