@@ -353,10 +353,16 @@ impl ReplicatedChunks {
                 return Ok(());
             }
             let Replicas { good, majority, .. } = self.replicas(index).expect("allocated");
-            let chunk = self.chunk_id(index);
+            // Our generation raises each replica's fence before it answers: an old
+            // writer's late change cannot land after the version we learn (and then
+            // make our next change diverge from the replica's history).
+            let request = Request::Control(ControlRequest::ChunkInfo {
+                chunk: self.chunk_id(index),
+                generation: self.lease.as_ref().map_or(0, Lease::generation),
+            });
             let infos = futures::future::join_all(good.iter().map(|(_, address)| {
-                let request = Request::Control(ControlRequest::ChunkInfo { chunk });
-                self.pool.call_within(address, request, REPLICA_TIMEOUT)
+                self.pool
+                    .call_within(address, request.clone(), REPLICA_TIMEOUT)
             }))
             .await;
             let mut versions = Vec::new();
