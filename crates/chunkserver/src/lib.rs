@@ -294,14 +294,21 @@ async fn heartbeat_loop(master: String, registration: ControlRequest, server: Ar
     }
 }
 
-fn store_error(e: StoreError) -> Response {
-    let status = match e {
+fn store_status(e: &StoreError) -> Status {
+    match e {
         StoreError::OutOfRange { .. } => Status::BadRequest,
         StoreError::NoSpace(_) => Status::NoSpace,
         StoreError::Io(_) => Status::Io,
         StoreError::ShutDown => Status::Unavailable,
-    };
-    Response::error(status, e.to_string())
+    }
+}
+
+fn store_error(e: StoreError) -> Response {
+    Response::error(store_status(&e), e.to_string())
+}
+
+fn control_store_error(e: StoreError) -> (Status, String) {
+    (store_status(&e), e.to_string())
 }
 
 fn call_status(e: &CallError) -> Status {
@@ -312,6 +319,9 @@ fn call_status(e: &CallError) -> Status {
 }
 
 impl ChunkServer {
+    /// The chunk's slot, created for requests that change the replica (changes, view
+    /// changes, repairs, drops); queries use [`ChunkServer::existing`] instead, so a
+    /// client naming arbitrary chunks cannot grow this map.
     fn slot(&self, chunk: ChunkId) -> Arc<Slot> {
         self.slots
             .lock()
@@ -327,11 +337,41 @@ impl ChunkServer {
             .clone()
     }
 
-    fn saw_generation(&self, volume_id: u64, generation: u32) -> u32 {
+    fn existing(&self, chunk: ChunkId) -> Option<Arc<Slot>> {
+        self.slots.lock().unwrap().get(&chunk).cloned()
+    }
+
+    /// The replica's view and durable version; a chunk without a slot has changed
+    /// nothing since the store last recorded it.
+    fn state(&self, chunk: ChunkId) -> ChunkMeta {
+        match self.existing(chunk) {
+            Some(slot) => {
+                let replica = slot.replica.lock().unwrap();
+                ChunkMeta {
+                    view: replica.view,
+                    version: replica.durable,
+                }
+            }
+            None => self.store.meta(chunk),
+        }
+    }
+
+    /// Raises the volume's fence: changes of older generations are refused from here
+    /// on. Only from the master, a writer's takeover query and accepted changes, so a
+    /// malformed or refused request cannot fence a volume.
+    fn saw_generation(&self, volume_id: u64, generation: u32) {
         let mut generations = self.generations.lock().unwrap();
         let newest = generations.entry(volume_id).or_default();
         *newest = (*newest).max(generation);
-        *newest
+    }
+
+    fn fence(&self, volume_id: u64) -> u32 {
+        self.generations
+            .lock()
+            .unwrap()
+            .get(&volume_id)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Applies a change to the local replica under the version rules; resolves when it
@@ -355,22 +395,30 @@ impl ChunkServer {
                 ),
             );
         }
-        let generation = self.saw_generation(chunk.volume_id, generation_of(stamp.version));
         let slot = self.slot(chunk);
         let deadline = tokio::time::Instant::now() + EARLY_ARRIVAL_WAIT;
-        loop {
+        let meta = loop {
             // Created before the check: notify_waiters wakes it from here on.
             let changed = slot.changed.notified();
-            let verdict = slot.replica.lock().unwrap().admit(&stamp, generation);
-            match verdict {
-                Admit::Apply => break,
-                Admit::Executed => {
-                    if slot.replica.lock().unwrap().durable >= stamp.version {
-                        return Response::Done;
+            {
+                let mut replica = slot.replica.lock().unwrap();
+                // The fence is read afresh under the replica's lock, and the change
+                // submitted under the same lock: a takeover's ChunkInfo raises the
+                // fence, then waits for what this replica submitted, so an old
+                // writer's change either counts in the version it reports or is
+                // refused.
+                match replica.admit(&stamp, self.fence(chunk.volume_id)) {
+                    Admit::Apply => {
+                        replica.submit(&stamp, offset, change.length());
+                        break ChunkMeta {
+                            view: replica.view,
+                            version: stamp.version,
+                        };
                     }
+                    Admit::Executed if replica.durable >= stamp.version => return Response::Done,
+                    Admit::Executed | Admit::Wait => {}
+                    Admit::Refuse(status, message) => return Response::error(status, message),
                 }
-                Admit::Wait => {}
-                Admit::Refuse(status, message) => return Response::error(status, message),
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 return Response::error(
@@ -381,15 +429,10 @@ impl ChunkServer {
                     ),
                 );
             }
-        }
-        let meta = {
-            let mut replica = slot.replica.lock().unwrap();
-            replica.submit(&stamp, offset, change.length());
-            ChunkMeta {
-                view: replica.view,
-                version: stamp.version,
-            }
         };
+        // A newer writer's accepted change fences older ones on the volume's other
+        // chunks here too.
+        self.saw_generation(chunk.volume_id, generation_of(stamp.version));
         // Wake the change queued behind this one now: the store keeps submission order.
         slot.changed.notify_waiters();
         let result = match change {
@@ -449,7 +492,7 @@ impl ChunkServer {
     }
 
     async fn read(&self, chunk: ChunkId, offset: u64, length: u32, min_version: u64) -> Response {
-        let durable = self.slot(chunk).replica.lock().unwrap().durable;
+        let durable = self.state(chunk).version;
         if durable < min_version {
             return Response::error(
                 Status::Behind,
@@ -477,7 +520,18 @@ impl ChunkServer {
         request: ControlRequest,
     ) -> Result<ControlResponse, (Status, String)> {
         match request {
-            ControlRequest::ChunkInfo { chunk } => Ok(self.settle(&self.slot(chunk)).await),
+            ControlRequest::ChunkInfo { chunk, generation } => {
+                if generation > 0 {
+                    self.saw_generation(chunk.volume_id, generation);
+                }
+                match self.existing(chunk) {
+                    Some(slot) => Ok(self.settle(&slot).await),
+                    None => {
+                        let ChunkMeta { view, version } = self.store.meta(chunk);
+                        Ok(ControlResponse::ChunkInfo { view, version })
+                    }
+                }
+            }
             ControlRequest::SetView { chunk, view } => {
                 let slot = self.slot(chunk);
                 let meta = {
@@ -498,14 +552,19 @@ impl ChunkServer {
                     self.store
                         .set_meta(chunk, meta)
                         .await
-                        .map_err(|e| (Status::Io, e.to_string()))?;
+                        .map_err(control_store_error)?;
                 }
                 Ok(self.settle(&slot).await)
             }
             ControlRequest::LogSince { chunk, since } => {
-                let slot = self.slot(chunk);
-                let replica = slot.replica.lock().unwrap();
-                match replica.changes_since(since) {
+                let changes = match self.existing(chunk) {
+                    Some(slot) => slot.replica.lock().unwrap().changes_since(since),
+                    None => {
+                        let ChunkMeta { view, version } = self.store.meta(chunk);
+                        Replica::new(view, version).changes_since(since)
+                    }
+                };
+                match changes {
                     Some((version, ranges)) => Ok(ControlResponse::Ranges { version, ranges }),
                     None => Err((
                         Status::NotFound,
@@ -514,20 +573,17 @@ impl ChunkServer {
                 }
             }
             ControlRequest::Extents { chunk } => {
-                let version = self.slot(chunk).replica.lock().unwrap().durable;
-                let ranges = self
-                    .store
-                    .extents(chunk)
-                    .map_err(|e| (Status::Io, e.to_string()))?;
+                let version = self.state(chunk).version;
+                let ranges = self.store.extents(chunk).map_err(control_store_error)?;
                 Ok(ControlResponse::Ranges { version, ranges })
             }
             ControlRequest::Checksum { chunk, length } => {
-                let version = self.slot(chunk).replica.lock().unwrap().durable;
+                let version = self.state(chunk).version;
                 let crc = self
                     .store
                     .checksum(chunk, length)
                     .await
-                    .map_err(|e| (Status::BadRequest, e.to_string()))?;
+                    .map_err(control_store_error)?;
                 Ok(ControlResponse::Checksum { version, crc })
             }
             ControlRequest::Repair {
@@ -572,7 +628,7 @@ impl ChunkServer {
                         ChunkMeta { view, version: 0 },
                     )
                     .await
-                    .map_err(|e| (Status::Io, e.to_string()))?;
+                    .map_err(control_store_error)?;
                 tracing::info!(?chunk, view, "replica moved away: data freed");
                 Ok(ControlResponse::Done)
             }
@@ -628,5 +684,166 @@ impl Handler for ChunkServer {
                 Response::error(Status::BadRequest, "hello is only valid first")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floe_protocol::next_version;
+
+    const VOLUME: u64 = 7;
+    const CHUNK: ChunkId = ChunkId {
+        volume_id: VOLUME,
+        index: 0,
+    };
+
+    fn server(dir: &std::path::Path) -> Arc<ChunkServer> {
+        Arc::new(ChunkServer {
+            store: Store::open_with(dir, &StoreOptions::default()).unwrap(),
+            peers: ConnectionPool::default(),
+            slots: Mutex::default(),
+            generations: Mutex::default(),
+        })
+    }
+
+    fn write(chunk: ChunkId, view: u64, prev: u64, version: u64, offset: u64) -> Request {
+        Request::Write {
+            chunk,
+            stamp: Stamp {
+                view,
+                prev,
+                version,
+            },
+            offset,
+            forward: Vec::new(),
+            data: Bytes::from(vec![0xab; 4096]),
+        }
+    }
+
+    fn status(response: &Response) -> Option<Status> {
+        match response {
+            Response::Error { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    async fn info(server: &Arc<ChunkServer>, chunk: ChunkId, generation: u32) -> Response {
+        let request = ControlRequest::ChunkInfo { chunk, generation };
+        server.clone().handle(Request::Control(request)).await
+    }
+
+    #[tokio::test]
+    async fn refused_requests_do_not_raise_the_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        let top = u32::MAX as u64;
+        let refused = [
+            // Outside the chunk.
+            write(CHUNK, 0, 0, top << 32 | 1, CHUNK_BYTES_MAX),
+            // A version that does not follow its predecessor.
+            write(CHUNK, 0, top << 32 | 5, top << 32 | 5, 0),
+            // Another view.
+            write(CHUNK, 3, 0, top << 32 | 1, 0),
+        ];
+        for request in refused {
+            let response = server.clone().handle(request).await;
+            assert!(status(&response).is_some(), "accepted: {response:?}");
+        }
+        let first = next_version(0, 1);
+        let response = server.clone().handle(write(CHUNK, 0, 0, first, 0)).await;
+        assert!(
+            matches!(response, Response::Done),
+            "the volume's writer was fenced by refused requests: {response:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_takeover_query_fences_the_old_writer_before_answering() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        let v1 = next_version(0, 1);
+        let response = server.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        // Generation 2 learns the version, on this chunk and on one never written.
+        let answer = info(&server, CHUNK, 2).await;
+        assert!(
+            matches!(answer, Response::Control(ControlResponse::ChunkInfo { version, .. }) if version == v1),
+            "{answer:?}"
+        );
+        let untouched = ChunkId {
+            volume_id: VOLUME,
+            index: 1,
+        };
+        info(&server, untouched, 2).await;
+        // The old writer's late changes cannot land after the answers.
+        let late = server
+            .clone()
+            .handle(write(CHUNK, 0, v1, next_version(v1, 1), 0))
+            .await;
+        assert_eq!(status(&late), Some(Status::Fenced), "{late:?}");
+        let late = server.clone().handle(write(untouched, 0, 0, v1, 0)).await;
+        assert_eq!(status(&late), Some(Status::Fenced), "{late:?}");
+        // The new writer continues from the version it learned.
+        let response = server
+            .clone()
+            .handle(write(CHUNK, 0, v1, next_version(v1, 2), 0))
+            .await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+    }
+
+    #[tokio::test]
+    async fn queries_for_chunks_not_held_create_no_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        for index in 0..1000 {
+            let chunk = ChunkId {
+                volume_id: index % 7,
+                index,
+            };
+            let requests = [
+                Request::Read {
+                    chunk,
+                    offset: 0,
+                    length: 4096,
+                    min_version: 0,
+                },
+                Request::Control(ControlRequest::ChunkInfo {
+                    chunk,
+                    generation: 0,
+                }),
+                Request::Control(ControlRequest::Extents { chunk }),
+                Request::Control(ControlRequest::Checksum {
+                    chunk,
+                    length: 4096,
+                }),
+                Request::Control(ControlRequest::LogSince { chunk, since: 0 }),
+            ];
+            for request in requests {
+                let response = server.clone().handle(request).await;
+                assert!(status(&response).is_none(), "{response:?}");
+            }
+        }
+        assert_eq!(server.slots.lock().unwrap().len(), 0);
+    }
+
+    #[tokio::test]
+    async fn checksum_reports_a_disk_error_as_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        // A directory where the chunk file belongs: reading it fails with EISDIR.
+        std::fs::create_dir_all(
+            dir.path()
+                .join("chunks")
+                .join(format!("{VOLUME:016x}"))
+                .join(format!("{:016x}", CHUNK.index)),
+        )
+        .unwrap();
+        let request = ControlRequest::Checksum {
+            chunk: CHUNK,
+            length: 4096,
+        };
+        let response = server.clone().handle(Request::Control(request)).await;
+        assert_eq!(status(&response), Some(Status::Io), "{response:?}");
     }
 }

@@ -6,6 +6,7 @@ use floe_client::master::MasterClient;
 use floe_protocol::{
     ChunkId, ControlRequest, ControlResponse, JournalUsage, QosLimits, ServerId, Volume, VolumeSpec,
 };
+use std::time::Duration;
 
 /// `--iops`: requests per second; 0 or `unlimited` clears the limit.
 pub fn parse_iops(text: &str) -> Result<u64, String> {
@@ -334,11 +335,16 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
     Ok(())
 }
 
+/// A scrub reads every replica of every chunk before the master answers: as long as
+/// that takes.
+const SCRUB_WAIT: Duration = Duration::MAX;
+
 pub async fn scrub(master: &MasterClient, name: &str) -> Result<(), String> {
+    let request = ControlRequest::Scrub {
+        name: name.to_string(),
+    };
     let reply = master
-        .call(ControlRequest::Scrub {
-            name: name.to_string(),
-        })
+        .call_within(request, SCRUB_WAIT)
         .await
         .map_err(|e| format!("cannot scrub volume {name}: {e}"))?;
     let ControlResponse::Scrub(report) = reply else {

@@ -2,6 +2,12 @@
 //! the first write, renewed in the background, released when the volume closes. Its
 //! generation goes into every change's version, so chunk servers refuse a writer whose
 //! lease was taken over (fencing) even if it never notices itself.
+//!
+//! The holder also fences itself: it takes no write, and acknowledges none, once its
+//! term may have run out: the term is timed from the *send* of the last grant or
+//! renewal the master answered (the master's own term starts later, when it answers),
+//! less [`DRIFT_MARGIN`]. A renewal that succeeds later, for the same generation,
+//! makes the lease valid again: the master then has given the volume to no one else.
 
 use crate::master::MasterClient;
 use floe_blockdev::IoError;
@@ -10,16 +16,23 @@ use floe_protocol::{ControlRequest, ControlResponse, Status, VolumeLimits};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-/// How long opening a volume waits for another holder's lease to end.
+/// How long opening a volume waits for another holder's lease to end (the master's
+/// term and its drift margin).
 const BUSY_WAIT_MAX: Duration = Duration::from_secs(6);
 const BUSY_RETRY: Duration = Duration::from_millis(250);
+/// The holder stops writing this long before its term ends by its own clock, for
+/// clock drift and the time a write takes from the check to its acknowledgement.
+pub const DRIFT_MARGIN: Duration = Duration::from_millis(500);
 
 pub struct Lease {
     master: Arc<MasterClient>,
     volume: String,
     generation: u32,
-    /// Why the lease was lost, once it is.
+    /// Until when writes may be issued and acknowledged; extended by each renewal.
+    valid_until: Arc<Mutex<Instant>>,
+    /// Why the lease was lost for good, once it is.
     lost: Arc<Mutex<Option<String>>>,
     /// The volume's rate limits as of the last grant or renewal.
     limits: watch::Receiver<VolumeLimits>,
@@ -34,6 +47,7 @@ impl Lease {
         volume: &str,
         holder: &str,
     ) -> Result<Lease, CallError> {
+        let sent = Instant::now();
         let reply = master
             .call(ControlRequest::AcquireLease {
                 name: volume.to_string(),
@@ -51,14 +65,20 @@ impl Lease {
                 reason: format!("{reply:?}"),
             });
         };
+        let valid_for = Duration::from_millis(term_ms).saturating_sub(DRIFT_MARGIN);
+        let valid_until = Arc::new(Mutex::new(sent + valid_for));
         let lost = Arc::new(Mutex::new(None));
         let (limits_sender, limits) = watch::channel(limits);
         let renewer = tokio::spawn(renew(
-            master.clone(),
-            volume.to_string(),
-            generation,
-            Duration::from_millis(term_ms / 3),
-            lost.clone(),
+            Renewal {
+                master: master.clone(),
+                name: volume.to_string(),
+                generation,
+                every: Duration::from_millis(term_ms / 3),
+                valid_for,
+                valid_until: valid_until.clone(),
+                lost: lost.clone(),
+            },
             limits_sender,
         ));
         tracing::info!(volume, generation, limits = ?*limits.borrow(), "lease acquired");
@@ -66,6 +86,7 @@ impl Lease {
             master,
             volume: volume.to_string(),
             generation,
+            valid_until,
             lost,
             limits,
             renewer,
@@ -102,12 +123,24 @@ impl Lease {
         self.limits.clone()
     }
 
-    /// Fails once the lease is known lost.
+    /// Fails once the lease is known lost, and while it may have run out (until a
+    /// renewal succeeds). Called before a write is issued and again before it is
+    /// acknowledged.
     pub fn check(&self) -> Result<(), IoError> {
-        match &*self.lost.lock().unwrap() {
-            None => Ok(()),
-            Some(why) => Err(IoError::Io(why.clone())),
+        if let Some(why) = &*self.lost.lock().unwrap() {
+            return Err(IoError::Io(why.clone()));
         }
+        let valid_until = *self.valid_until.lock().unwrap();
+        let now = Instant::now();
+        if now >= valid_until {
+            return Err(IoError::Io(format!(
+                "volume {}: lease generation {} ran out {:.1} s ago: the master has not renewed it (unreachable?) and may give the volume to another gateway; writes resume if a renewal succeeds",
+                self.volume,
+                self.generation,
+                (now - valid_until).as_secs_f64()
+            )));
+        }
+        Ok(())
     }
 
     /// Records that a chunk server fenced us off.
@@ -125,15 +158,30 @@ impl Lease {
     }
 }
 
-async fn renew(
+/// What the renewer needs of its lease.
+struct Renewal {
     master: Arc<MasterClient>,
     name: String,
     generation: u32,
     every: Duration,
+    /// The term less the drift margin.
+    valid_for: Duration,
+    valid_until: Arc<Mutex<Instant>>,
     lost: Arc<Mutex<Option<String>>>,
-    limits: watch::Sender<VolumeLimits>,
-) {
+}
+
+async fn renew(renewal: Renewal, limits: watch::Sender<VolumeLimits>) {
+    let Renewal {
+        master,
+        name,
+        generation,
+        every,
+        valid_for,
+        valid_until,
+        lost,
+    } = renewal;
     let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
@@ -141,8 +189,15 @@ async fn renew(
             name: name.clone(),
             generation,
         };
-        match master.call(request).await {
+        let sent = Instant::now();
+        // Bounded by the renewal period, so a master that stops answering is asked
+        // again on schedule.
+        match master.call_within(request, every).await {
             Ok(ControlResponse::Lease { limits: new, .. }) => {
+                {
+                    let mut until = valid_until.lock().unwrap();
+                    *until = (*until).max(sent + valid_for);
+                }
                 let changed =
                     limits.send_if_modified(|current| std::mem::replace(current, new) != new);
                 if changed {
@@ -158,8 +213,8 @@ async fn renew(
                 *lost.lock().unwrap() = Some(message);
                 return;
             }
-            // The master may be restarting; chunk servers still fence us if another
-            // writer takes over meanwhile.
+            // The master may be restarting: writes stop when the term runs out, and
+            // resume with the next renewal that succeeds.
             Err(e) => tracing::warn!(volume = %name, "cannot renew the lease: {e}"),
         }
     }
@@ -181,5 +236,81 @@ impl Drop for Lease {
                 tracing::warn!("releasing a lease failed (it expires by itself): {e}");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floe_protocol::transport::{CallFuture, Transport};
+    use floe_protocol::{ConnectionPool, Request, Response};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const TERM: Duration = Duration::from_secs(5);
+
+    /// A master that grants generation 1 and renews it, except while `cut`, when it
+    /// never answers (packets dropped).
+    #[derive(Default)]
+    struct Master {
+        cut: AtomicBool,
+    }
+
+    impl Transport for Master {
+        fn call<'a>(&'a self, _address: &'a str, _request: Request) -> CallFuture<'a> {
+            let cut = self.cut.load(Ordering::SeqCst);
+            Box::pin(async move {
+                if cut {
+                    std::future::pending::<()>().await;
+                }
+                Ok(Response::Control(ControlResponse::Lease {
+                    generation: 1,
+                    term_ms: TERM.as_millis() as u64,
+                    limits: VolumeLimits::default(),
+                }))
+            })
+        }
+
+        fn forget(&self, _address: &str) {}
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_holder_cut_off_from_the_master_stops_before_its_term_ends() {
+        let transport = Arc::new(Master::default());
+        let pool = ConnectionPool::over(transport.clone());
+        let master = Arc::new(MasterClient::over("master", pool));
+        let start = Instant::now();
+        let lease = Lease::acquire(master, "demo", "gateway a").await.unwrap();
+        transport.cut.store(true, Ordering::SeqCst);
+
+        tokio::time::sleep_until(start + TERM - DRIFT_MARGIN - Duration::from_millis(100)).await;
+        assert!(lease.check().is_ok(), "stopped early");
+        tokio::time::sleep_until(start + TERM - DRIFT_MARGIN).await;
+        let refused = lease.check().expect_err("wrote on after the term ran out");
+        assert!(refused.to_string().contains("ran out"), "{refused}");
+
+        // The master answers again, and has given the volume to no one else.
+        transport.cut.store(false, Ordering::SeqCst);
+        tokio::time::sleep(TERM / 3 * 2).await;
+        assert!(lease.check().is_ok(), "a renewal did not resume writes");
+    }
+
+    /// A gateway cut off from the master refuses a new NBD connection instead of
+    /// hanging it.
+    #[tokio::test(start_paused = true)]
+    async fn opening_fails_in_time_when_the_master_does_not_answer() {
+        let transport = Arc::new(Master::default());
+        transport.cut.store(true, Ordering::SeqCst);
+        let master = Arc::new(MasterClient::over(
+            "master",
+            ConnectionPool::over(transport),
+        ));
+        let limit = crate::master::CALL_TIMEOUT * 2;
+        let attempt = tokio::time::timeout(limit, Lease::acquire(master, "demo", "gateway a"));
+        match attempt.await {
+            Ok(Err(CallError::Closed(why))) => assert!(why.contains("no answer"), "{why}"),
+            Ok(Err(other)) => panic!("unexpected error {other}"),
+            Ok(Ok(_)) => panic!("granted by a master that does not answer"),
+            Err(_) => panic!("still waiting after {limit:?}"),
+        }
     }
 }

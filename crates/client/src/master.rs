@@ -5,6 +5,11 @@ use floe_protocol::{
     ClusterStatus, ConnectionPool, ControlRequest, ControlResponse, Request, Response, Volume,
     VolumeMap, VolumeSpec,
 };
+use std::time::Duration;
+
+/// How long a call waits for the master's answer: a gateway cut off from it fails the
+/// NBD request or connection with an error instead of waiting out TCP's retransmissions.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct MasterClient {
     address: String,
@@ -34,10 +39,20 @@ impl MasterClient {
         &self.address
     }
 
+    /// One call, failing as `Closed` without an answer within [`CALL_TIMEOUT`].
     pub async fn call(&self, request: ControlRequest) -> Result<ControlResponse, CallError> {
+        self.call_within(request, CALL_TIMEOUT).await
+    }
+
+    /// One call, failing as `Closed` without an answer within `limit`.
+    pub async fn call_within(
+        &self,
+        request: ControlRequest,
+        limit: Duration,
+    ) -> Result<ControlResponse, CallError> {
         match self
             .pool
-            .call(&self.address, Request::Control(request))
+            .call_within(&self.address, Request::Control(request), limit)
             .await?
         {
             Response::Control(reply) => Ok(reply),

@@ -13,7 +13,12 @@
 //! - Reads go to the first good replica holding at least the last committed version,
 //!   falling back to the others (primary switching without reconfiguration).
 //! - A refused view means the master changed the replica set: the map is refreshed
-//!   and the change resent. A refused lease generation fails the write for good.
+//!   and the change resent. A refused lease generation fails the write for good; a
+//!   lease that may have run out (see [`crate::lease`]) fails it before it is stamped,
+//!   or, once sent, before it is acknowledged.
+//! - Learning a chunk's version sends the lease generation: replicas fence older
+//!   writers before they answer, so a takeover never follows a version that an old
+//!   writer's late change then overtakes.
 //! - A chunk's first write places it from the cluster map this writer holds; the
 //!   master records that placement (checked against the same map) and the writer
 //!   refreshes its map when the master's answer differs.
@@ -388,10 +393,16 @@ impl ReplicatedChunks {
                 return Ok(());
             }
             let Replicas { good, majority, .. } = self.replicas(index).expect("allocated");
-            let chunk = self.chunk_id(index);
+            // Our generation raises each replica's fence before it answers: an old
+            // writer's late change cannot land after the version we learn (and then
+            // make our next change diverge from the replica's history).
+            let request = Request::Control(ControlRequest::ChunkInfo {
+                chunk: self.chunk_id(index),
+                generation: self.lease.as_ref().map_or(0, Lease::generation),
+            });
             let infos = futures::future::join_all(good.iter().map(|(_, address)| {
-                let request = Request::Control(ControlRequest::ChunkInfo { chunk });
-                self.pool.call_within(address, request, REPLICA_TIMEOUT)
+                self.pool
+                    .call_within(address, request.clone(), REPLICA_TIMEOUT)
             }))
             .await;
             let mut versions = Vec::new();
@@ -524,7 +535,9 @@ impl ReplicatedChunks {
                 let mut chunks = self.chunks.lock().unwrap();
                 let chunk = chunks.get_mut(&index).expect("allocated");
                 chunk.committed = chunk.committed.max(stamp.version);
-                return Ok(());
+                // Not acknowledged once the lease may have run out: another gateway
+                // may hold the volume by now, and its writes must follow all of ours.
+                return lease.check();
             }
             for (id, o) in outcomes {
                 if let Outcome::Lagging(e) = o {

@@ -38,6 +38,10 @@ use tokio::time::Instant;
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A volume lease lasts this long unless renewed; holders renew every third of it.
 pub const LEASE_TERM: Duration = Duration::from_secs(5);
+/// Another gateway gets an unreleased lease only this long after its term ran out
+/// here: the holder times its term from before it sent the renewal, so this covers
+/// clock drift and pauses between the two processes (the holder keeps a margin too).
+pub const LEASE_DRIFT_MARGIN: Duration = Duration::from_millis(500);
 
 /// A volume's single-writer lease.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -514,7 +518,9 @@ impl Master {
         if let Some(lease) = state.leases.get(&volume.id) {
             // The same gateway process may take its own lease again: it reopened the
             // volume after closing it, and the new generation fences the old stack.
-            let alive = lease.expires.and_then(|e| e.checked_duration_since(now));
+            let alive = lease
+                .expires
+                .and_then(|e| (e + LEASE_DRIFT_MARGIN).checked_duration_since(now));
             if let Some(left) = alive.filter(|_| lease.holder != holder) {
                 return Err((
                     Status::Busy,

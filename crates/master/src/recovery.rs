@@ -437,11 +437,13 @@ async fn recover(
     let mut copied = Copied::default();
 
     // 1. Copy while writes go on, from the most recent good replica.
-    let infos = futures::future::join_all(
-        voters
-            .iter()
-            .map(|s| master.replica_state(s, ControlRequest::ChunkInfo { chunk })),
-    )
+    let infos = futures::future::join_all(voters.iter().map(|s| {
+        let request = ControlRequest::ChunkInfo {
+            chunk,
+            generation: 0,
+        };
+        master.replica_state(s, request)
+    }))
     .await;
     if let Some((target, _)) = voters
         .iter()

@@ -173,9 +173,14 @@ pub enum ControlRequest {
     },
 
     // Chunk-server requests, sent by the master, writers and repairing peers.
-    /// The replica's view and durable version.
+    /// The replica's view and durable version. A writer taking over a volume sends
+    /// its lease `generation`: the server fences older writers of the volume before
+    /// it answers, so none of their changes can land after the version it reports
+    /// (0: the master asking, no fence).
     ChunkInfo {
         chunk: ChunkId,
+        #[serde(default)]
+        generation: u32,
     },
     /// Moves the replica to `view` (it then refuses changes stamped with an older
     /// one) and reports its state once its queued changes are durable.

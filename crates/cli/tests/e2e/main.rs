@@ -16,3 +16,4 @@ mod io_helpers;
 mod mark_lost;
 mod netcut;
 mod qos;
+mod takeover;

@@ -12,7 +12,7 @@ use std::time::Duration;
 const REDUNDANCY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// An nftables table dropping TCP packets to one loopback port; removed on drop.
-struct Cut {
+pub struct Cut {
     table: String,
 }
 
@@ -22,7 +22,22 @@ fn nft(args: &[&str]) {
 
 impl Cut {
     fn port(port: u16) -> Cut {
-        let table = format!("floe_cut_{port}");
+        Cut::rule(
+            format!("floe_cut_{port}"),
+            &format!("ip daddr 127.0.0.1 tcp dport {port} drop"),
+        )
+    }
+
+    /// Drops only the packets that processes of user `uid` send to `port`: cuts one
+    /// process off from one server, the others still reach it.
+    pub fn user_to_port(uid: u32, port: u16) -> Cut {
+        Cut::rule(
+            format!("floe_cut_{uid}_{port}"),
+            &format!("meta skuid {uid} ip daddr 127.0.0.1 tcp dport {port} drop"),
+        )
+    }
+
+    fn rule(table: String, rule: &str) -> Cut {
         nft(&["add", "table", "inet", &table]);
         nft(&[
             "add",
@@ -32,7 +47,6 @@ impl Cut {
             "out",
             "{ type filter hook output priority 0; policy accept; }",
         ]);
-        let rule = format!("ip daddr 127.0.0.1 tcp dport {port} drop");
         let mut args = vec!["add", "rule", "inet", &table, "out"];
         args.extend(rule.split(' '));
         nft(&args);

@@ -1,0 +1,84 @@
+//! The master's side of the single-writer lease: a lapsed lease goes to another
+//! gateway only once the holder's own timing of it has certainly ended.
+
+use floe_master::{Master, Settings, LEASE_DRIFT_MARGIN, LEASE_TERM};
+use floe_metadata::memory::MemoryStore;
+use floe_protocol::server::Handler;
+use floe_protocol::{
+    ConnectionPool, ControlRequest, ControlResponse, DeviceClass, Request, Response, Status,
+    VolumeMode, VolumeSpec,
+};
+use std::sync::Arc;
+
+async fn call(master: &Arc<Master>, request: ControlRequest) -> Response {
+    master.clone().handle(Request::Control(request)).await
+}
+
+fn acquire(holder: &str) -> ControlRequest {
+    ControlRequest::AcquireLease {
+        name: "demo".into(),
+        holder: holder.into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
+    let master = Arc::new(
+        Master::load(
+            Box::new(MemoryStore::default()),
+            Settings::default(),
+            ConnectionPool::default(),
+        )
+        .await
+        .unwrap(),
+    );
+    let register = ControlRequest::Register {
+        uuid: "a".into(),
+        address: "127.0.0.1:1".into(),
+        host: "host-a".into(),
+        class: DeviceClass::Ssd,
+        emulated: false,
+        capacity_bytes: 1 << 30,
+    };
+    call(&master, register).await;
+    let spec = VolumeSpec {
+        name: "demo".into(),
+        size_bytes: 1 << 30,
+        replicas: 1,
+        chunk_bytes: 64 << 20,
+        stripe_unit_bytes: 64 << 10,
+        stripe_count: 1,
+        mode: VolumeMode::Ssd,
+    };
+    let created = call(&master, ControlRequest::CreateVolume(spec)).await;
+    assert!(matches!(created, Response::Control(_)), "{created:?}");
+    let first = call(&master, acquire("gateway a")).await;
+    assert!(
+        matches!(first, Response::Control(ControlResponse::Lease { .. })),
+        "{first:?}"
+    );
+
+    // The term has run out here, but not the margin: the holder may still be writing.
+    tokio::time::advance(LEASE_TERM + LEASE_DRIFT_MARGIN / 2).await;
+    let early = call(&master, acquire("gateway b")).await;
+    assert!(
+        matches!(
+            early,
+            Response::Error {
+                status: Status::Busy,
+                ..
+            }
+        ),
+        "granted within the drift margin: {early:?}"
+    );
+
+    tokio::time::advance(LEASE_DRIFT_MARGIN).await;
+    let granted = call(&master, acquire("gateway b")).await;
+    assert!(
+        matches!(
+            granted,
+            Response::Control(ControlResponse::Lease { generation: 2, .. })
+        ),
+        "{granted:?}"
+    );
+}
