@@ -13,7 +13,7 @@ use crate::meta::ChunkMeta;
 use crate::wal::{Kind, RecordHeader};
 use bytes::Bytes;
 use floe_protocol::ChunkId;
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::io::{self, ErrorKind};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -53,9 +53,10 @@ pub(crate) struct Committer {
     pub(crate) files: Arc<Files>,
     /// Sequence number of the next record, global across the logs.
     pub(crate) next_seq: u64,
-    /// Chunk files and directories changed since they were last synced.
-    pub(crate) dirty_files: HashSet<ChunkId>,
-    pub(crate) dirty_dirs: HashSet<PathBuf>,
+    /// Chunk files and directories changed since they were last synced; ordered, so
+    /// they are synced in the same order each run (a simulation replays exactly).
+    pub(crate) dirty_files: BTreeSet<ChunkId>,
+    pub(crate) dirty_dirs: BTreeSet<PathBuf>,
     pub(crate) buffer: Vec<u8>,
     /// Set when the log can no longer be written safely; every change then fails.
     pub(crate) failed: Option<String>,
@@ -69,8 +70,8 @@ impl Committer {
             active: 0,
             files,
             next_seq,
-            dirty_files: HashSet::new(),
-            dirty_dirs: HashSet::new(),
+            dirty_files: BTreeSet::new(),
+            dirty_dirs: BTreeSet::new(),
             buffer: Vec::new(),
             failed: None,
         }

@@ -10,6 +10,7 @@ use crate::layout;
 use crate::log_file::LogFile;
 use crate::meta;
 use crate::wal::{self, Kind, RecordHeader, RECORD_HEADER_BYTES, SECTOR_BYTES};
+use floe_protocol::ChunkId;
 use std::sync::Arc;
 
 impl Committer {
@@ -117,6 +118,7 @@ impl Committer {
                 change.header.kind = Kind::Bypass;
             }
         }
+        bypass_under_later_edges(batch);
         let files = self.files.clone();
         let journals = files.journals.as_ref().expect("hybrid mode has journals");
         let _writes = journals.chunk_writes.lock().unwrap();
@@ -201,6 +203,41 @@ impl Committer {
             self.journals().set_used(j, 0);
         }
         Ok(())
+    }
+}
+
+/// Makes a journaled write bypass too when a later change of its batch that goes to
+/// the chunk file only partly covers one of its sectors. That change is applied to
+/// the file before any record of the batch is in the index, so the sector's other
+/// bytes cannot be copied from the journal first ([`crate::journal::Journals::copy_edges`])
+/// and the change's record then erases the whole sector from the index: the write's
+/// bytes there would be lost. Applied to the file in batch order, they are kept.
+fn bypass_under_later_edges(batch: &mut [Change]) {
+    // Partly covered sectors of the file changes after the one looked at.
+    let mut edges: Vec<(ChunkId, u64)> = Vec::new();
+    for change in batch.iter_mut().rev() {
+        let header = &mut change.header;
+        let (first, end) = (header.offset / SECTOR_BYTES, header.offset + header.length);
+        let last = end.div_ceil(SECTOR_BYTES);
+        match header.kind {
+            Kind::Write => {
+                if edges.iter().any(|&(chunk, sector)| {
+                    chunk == header.chunk && (first..last).contains(&sector)
+                }) {
+                    header.kind = Kind::Bypass;
+                }
+            }
+            Kind::Stamp | Kind::DeleteVolume => continue,
+            Kind::Bypass | Kind::Zero | Kind::Punch => {}
+        }
+        if header.kind != Kind::Write {
+            if !header.offset.is_multiple_of(SECTOR_BYTES) {
+                edges.push((header.chunk, first));
+            }
+            if !end.is_multiple_of(SECTOR_BYTES) {
+                edges.push((header.chunk, end / SECTOR_BYTES));
+            }
+        }
     }
 }
 

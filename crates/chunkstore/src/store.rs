@@ -141,6 +141,11 @@ impl Store {
         } else {
             Committer::open_direct(&wal, Arc::new(files), tuning.wal_checkpoint_bytes)?
         };
+        // Entries made above, a first open's, and the removal of a drained log.
+        disk::sync_dir_and_parents(&*disk, &layout::chunks_dir(dir))?;
+        for journal in &options.journal_dirs {
+            disk::sync_dir_and_parents(&*disk, &journal.dir)?;
+        }
         let files = committer.files.clone();
         tokio::spawn(committer.run(queue.clone()));
         Ok(Store { files, queue })
