@@ -5,7 +5,7 @@
 use crate::chunk_files::Files;
 use crate::committer::{Change, Committer, Completions};
 use crate::error::{io_error, StoreError};
-use crate::journal::JOURNAL_WRITE_BYTES_MAX;
+use crate::journal::{Journals, JOURNAL_WRITE_BYTES_MAX};
 use crate::layout;
 use crate::log_file::LogFile;
 use crate::meta;
@@ -124,11 +124,17 @@ impl Committer {
         let _writes = journals.chunk_writes.lock().unwrap();
         // After a crash nothing re-applies these to the chunk files (a newer write
         // may have bypassed to the same range), so they must be durable before their
-        // records are.
+        // records are. Each drops the journal data it supersedes at once, so a later
+        // change of the batch does not copy that data back into the file as the
+        // edges of its range (the record drops it again, in order among the
+        // batch's journaled writes).
         let applied = batch
             .iter()
             .filter(|c| !matches!(c.header.kind, Kind::Write | Kind::Stamp))
-            .try_for_each(|c| self.apply_file(&c.header, &c.data))
+            .try_for_each(|c| {
+                self.apply_file(&c.header, &c.data)?;
+                drop_superseded(journals, &c.header)
+            })
             .and_then(|()| self.sync_dirty());
         if let Err(e) = applied {
             tracing::error!("applying changes to chunk files failed: {e}");
@@ -171,14 +177,7 @@ impl Committer {
             Kind::Write => {
                 journals.insert(header.chunk, header.offset, header.length, journal, data_at)
             }
-            Kind::Bypass | Kind::Zero | Kind::Punch => {
-                journals.erase(header.chunk, header.offset, header.length)
-            }
-            Kind::DeleteVolume => {
-                journals.drop_volume(header.chunk.volume_id);
-                Ok(())
-            }
-            Kind::Stamp => Ok(()),
+            _ => drop_superseded(journals, header),
         }
     }
 
@@ -203,6 +202,20 @@ impl Committer {
             self.journals().set_used(j, 0);
         }
         Ok(())
+    }
+}
+
+/// Drops the journal data a change that went to the chunk file supersedes.
+fn drop_superseded(journals: &Journals, header: &RecordHeader) -> Result<(), StoreError> {
+    match header.kind {
+        Kind::Bypass | Kind::Zero | Kind::Punch => {
+            journals.erase(header.chunk, header.offset, header.length)
+        }
+        Kind::DeleteVolume => {
+            journals.drop_volume(header.chunk.volume_id);
+            Ok(())
+        }
+        Kind::Write | Kind::Stamp => Ok(()),
     }
 }
 

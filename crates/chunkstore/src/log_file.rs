@@ -34,7 +34,10 @@ impl LogFile {
         let read = file.read_at(&mut head, 0)?;
         let start_seq = match wal::decode_header(&head[..read], aligned) {
             Ok(seq) => Some(seq),
-            Err(_) if read == 0 => None,
+            // A new file whose first header write was lost in a power cut (size
+            // extended, sectors not written): no record follows a header before it
+            // is synced, so it holds nothing.
+            Err(_) if head[..read].iter().all(|&b| b == 0) => None,
             Err(HeaderError::NotALog) => {
                 return Err(StoreError::Io(format!(
                     "{} is not a Floe write-ahead log (bad header); refusing to overwrite it",

@@ -588,3 +588,62 @@ fn regression_an_unaligned_bypass_after_a_journaled_write_in_one_batch() {
         ],
     );
 }
+
+/// Found by FLOE_POWER_CUT_SEED=1795449855713110255 (hybrid), no power cut needed:
+/// a volume delete (or a zero) then, in the same batch, an unaligned bypass write in
+/// a sector of older journaled data. The bypass copied its edge sector from the
+/// journal, which the earlier change of its batch had superseded but not yet dropped
+/// from the index: deleted (or zeroed) bytes came back.
+#[test]
+fn regression_a_batch_does_not_copy_back_what_it_superseded() {
+    let write = |chunk, offset, length| Op::Write {
+        chunk,
+        offset,
+        length,
+    };
+    regression(
+        Mode::Hybrid,
+        vec![
+            Step::Batch(vec![write(2, 173568, 6144), write(0, 8192, 4096)]),
+            Step::Batch(vec![
+                Op::DeleteVolume { volume: 2 },
+                write(2, 174747, 1404),
+                Op::Zero {
+                    chunk: 0,
+                    offset: 8000,
+                    length: 500,
+                    punch: false,
+                },
+                write(0, 8300, 100),
+            ]),
+        ],
+    );
+}
+
+/// Found by FLOE_POWER_CUT_SEED=1795449986392426581 (plain) and 1795449855713110255
+/// (hybrid): a power cut during the first open, between the new log's (or journal's)
+/// header write and its sync, left the file's size but not its first sector, and the
+/// store then refused to open ("not a Floe write-ahead log").
+#[test]
+fn regression_a_cut_during_the_first_open_leaves_an_openable_log() {
+    for mode in [Mode::Plain, Mode::Hybrid] {
+        let cuts = AtomicU64::new(0);
+        for changes in 0..12 {
+            for seed in 0..16 {
+                let epoch = Epoch {
+                    recovery_cut: Some((changes, seed)),
+                    steps: Vec::new(),
+                    cut_after: u64::MAX,
+                    seed,
+                };
+                let case = Case {
+                    quota: 8 << 10,
+                    epochs: vec![epoch],
+                };
+                if let Err(e) = run_case(mode, &case, &cuts) {
+                    panic!("{mode:?}, {changes} changes, seed {seed}: {e}");
+                }
+            }
+        }
+    }
+}
