@@ -523,7 +523,7 @@ fn power_cuts_in_hybrid_mode() {
 /// One epoch of `steps`, the power cut after all of them, with each of many seeds.
 fn regression(mode: Mode, steps: Vec<Step>) {
     let cuts = AtomicU64::new(0);
-    for seed in 0..32 {
+    for seed in 0..16 {
         let epoch = Epoch {
             recovery_cut: None,
             steps: steps.clone(),
@@ -629,7 +629,7 @@ fn regression_a_cut_during_the_first_open_leaves_an_openable_log() {
     for mode in [Mode::Plain, Mode::Hybrid] {
         let cuts = AtomicU64::new(0);
         for changes in 0..12 {
-            for seed in 0..16 {
+            for seed in 0..8 {
                 let epoch = Epoch {
                     recovery_cut: Some((changes, seed)),
                     steps: Vec::new(),

@@ -330,12 +330,15 @@ mod tests {
             take_paced_until().is_none(),
             "only chunk files and the hdd journal"
         );
-        file.write_all_at(&[0; 1 << 20], 0).unwrap();
-        let first = take_paced_until().unwrap();
-        background(|| file.write_all_at(&[0; 1 << 20], 1 << 20)).unwrap();
-        let second = take_paced_until().unwrap();
+        background(|| file.write_all_at(&[0; 4096], 0)).unwrap();
+        assert!(take_paced_until().is_some());
+        assert!(hdd.idle(Duration::ZERO), "background work");
+        file.read_at(&mut [0; 4096], 0).unwrap();
+        assert!(take_paced_until().is_some());
+        assert!(!hdd.idle(Duration::ZERO));
         // Sequential: the second adds exactly its transfer time after the first.
+        let first = hdd.reserve(0, 1 << 20, true);
+        let second = hdd.reserve(1 << 20, 1 << 20, false);
         assert_eq!(second - first, service_time(0, 0, 1 << 20, 0));
-        assert!(!hdd.idle(Duration::from_secs(60)));
     }
 }
