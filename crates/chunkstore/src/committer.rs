@@ -22,7 +22,9 @@ use tokio::sync::{oneshot, Notify};
 
 /// Log bytes gathered into one append + fdatasync.
 const BATCH_BYTES_MAX: usize = 16 << 20;
-/// Records in one append.
+/// Records in one append. Bounds the records a crash can leave intact past a torn
+/// one: those of the last batch, never synced, with sequence numbers up to this many
+/// past the last valid record.
 const BATCH_RECORDS_MAX: usize = 4096;
 
 pub(crate) type Done = oneshot::Sender<Result<(), StoreError>>;
@@ -168,6 +170,15 @@ impl Committer {
             log.appended(first.header.seq, last.header.seq);
         }
         Ok(())
+    }
+
+    /// After the logs were scanned: the next sequence number skips every one the
+    /// last batch before the crash may have used. Its records past a torn one are
+    /// still intact; a new batch appended at the tear that ended exactly where one
+    /// of them begins would otherwise make the next scan read on into it and apply
+    /// an unacknowledged, superseded change.
+    pub(crate) fn skip_unsynced_seqs(&mut self) {
+        self.next_seq += BATCH_RECORDS_MAX as u64;
     }
 
     /// Makes the chunk files and directories changed so far durable. On error the

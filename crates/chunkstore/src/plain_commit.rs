@@ -28,6 +28,7 @@ impl Committer {
             log.apply(header, data)
         })?;
         log.next_seq = file.next_seq();
+        log.skip_unsynced_seqs();
         log.logs.push(file);
         if replayed > 0 {
             tracing::info!(records = replayed, "replayed write-ahead log");
