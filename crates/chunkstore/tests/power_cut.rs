@@ -22,6 +22,7 @@ use bytes::Bytes;
 use floe_chunkstore::{ChunkMeta, JournalDir, Options, SimDisk, Store, StoreError, Tuning};
 use floe_protocol::ChunkId;
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -217,6 +218,8 @@ struct Model {
     mode: Mode,
     chunks: Vec<Chunk>,
     next_id: u64,
+    /// Every state recovered so far, hashed: equal runs recover equal states.
+    digest: u32,
 }
 
 impl Model {
@@ -231,6 +234,7 @@ impl Model {
             mode,
             chunks: vec![chunk; CHUNKS.len()],
             next_id: 1,
+            digest: 0,
         }
     }
 
@@ -306,6 +310,8 @@ impl Model {
         c.base = data.to_vec();
         c.base_meta = meta;
         c.changes.clear();
+        let meta_bytes = [meta.view.to_le_bytes(), meta.version.to_le_bytes()].concat();
+        self.digest = crc32c::crc32c_append(crc32c::crc32c_append(self.digest, data), &meta_bytes);
         Ok(())
     }
 }
@@ -433,7 +439,8 @@ async fn reopen_and_check(sim: &SimDisk, model: &mut Model, quota: u64) -> Resul
     Ok(store)
 }
 
-fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<(), String> {
+/// Runs a case; returns the digest of every state it recovered.
+fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
     let sim = SimDisk::new();
     let mut model = Model::new(mode);
     let (options, tuning) = options(mode, case.quota);
@@ -467,7 +474,7 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<(), String> {
         drop(rt);
     }
     runtime().block_on(reopen_and_check(&sim, &mut model, case.quota))?;
-    Ok(())
+    Ok(model.digest)
 }
 
 fn run(mode: Mode) {
@@ -498,7 +505,9 @@ fn run(mode: Mode) {
         TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
     );
     let result = runner.run(&case(), |case| {
-        run_case(mode, &case, &cuts).map_err(TestCaseError::fail)
+        run_case(mode, &case, &cuts)
+            .map(drop)
+            .map_err(TestCaseError::fail)
     });
     eprintln!(
         "power cuts ({mode:?}): {} cuts in {:.1?} (FLOE_POWER_CUT_SEED={seed})",
@@ -518,6 +527,24 @@ fn power_cuts_in_plain_mode() {
 #[test]
 fn power_cuts_in_hybrid_mode() {
     run(Mode::Hybrid);
+}
+
+/// The same case and seeds give the same disk and the same recovered states, so a
+/// failing seed reproduces.
+#[test]
+fn runs_are_deterministic() {
+    let cuts = AtomicU64::new(0);
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    for mode in [Mode::Plain, Mode::Hybrid] {
+        for _ in 0..4 {
+            let case = case().new_tree(&mut runner).unwrap().current();
+            let first = run_case(mode, &case, &cuts).unwrap();
+            assert_eq!(run_case(mode, &case, &cuts).unwrap(), first, "{case:?}");
+        }
+    }
 }
 
 /// One epoch of `steps`, the power cut after all of them, with each of many seeds.
