@@ -21,25 +21,23 @@
 //! the least-filled other ssd journal, else to the hdd's own journal, which is replayed
 //! only while the hdd is idle (or the ssd journals, which cannot be freed while it holds
 //! older records, are more than half full); when none has room, writes bypass.
+//!
+//! The commit is in [`crate::hybrid_commit`], the replay worker in [`crate::replay`].
 
-use crate::hdd::device_position;
+use crate::disk::{self, Disk, DiskFile, FileRef};
+use crate::error::StoreError;
 use crate::journal_index::{JournalIndex, Piece};
-use crate::store::{read_at, Files, LogFile, Queue, StoreError, CHUNK_BYTES_MAX};
+use crate::layout::{self, CHUNK_BYTES_MAX};
+use crate::log_file::LogFile;
 use crate::wal::SECTOR_BYTES;
 use floe_protocol::ChunkId;
-use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
 
 /// URSA's T_j: larger writes bypass the journal.
 pub const JOURNAL_WRITE_BYTES_MAX: u64 = 64 << 10;
-/// The hdd's own journal, in its data directory.
-pub(crate) const LOCAL_FILE: &str = "journal";
 /// The journal file inside each `--journal` directory.
 const FILE_IN_DIR: &str = "floe-journal";
 /// Index positions are global across journals: journal `j` owns sectors
@@ -48,16 +46,7 @@ const SPAN_BITS: u32 = 29;
 const SPAN_BYTES: u64 = (1 << SPAN_BITS) * SECTOR_BYTES;
 /// Spans that fit below the index's journal limit (2^32 - 1 sectors).
 const JOURNALS_MAX: usize = 7;
-const CHUNK_SECTORS: u64 = CHUNK_BYTES_MAX / SECTOR_BYTES;
-/// Journal bytes one replay sweep copies before it syncs and frees them.
-const REPLAY_BATCH_BYTES: u64 = 4 << 20;
-/// How often an idle replay worker looks for work.
-const REPLAY_POLL: Duration = Duration::from_millis(20);
-/// Foreground quiet time after which the hdd counts as idle (for its own journal).
-const HDD_IDLE: Duration = Duration::from_millis(200);
-
-/// (byte offset, length).
-type Range = (u64, u64);
+pub(crate) const CHUNK_SECTORS: u64 = CHUNK_BYTES_MAX / SECTOR_BYTES;
 
 /// Journal files as the store opens them: directory and quota in bytes.
 #[derive(Debug, Clone)]
@@ -68,17 +57,19 @@ pub struct JournalDir {
 
 /// The journals' shared state: readers, the committer and the replay worker use it.
 pub(crate) struct Journals {
-    files: Vec<Arc<File>>,
+    pub(crate) files: Vec<FileRef>,
     quotas: Vec<u64>,
     /// Bytes appended to each journal since its last reset.
     used: Vec<AtomicU64>,
-    index: Mutex<HashMap<ChunkId, JournalIndex>>,
+    pub(crate) index: Mutex<HashMap<ChunkId, JournalIndex>>,
     /// Held by whoever writes chunk files while looking at the index (the committer
     /// for a batch, the replay worker for one piece), so replay never writes stale
     /// journal data over a newer bypass write.
     pub(crate) chunk_writes: Mutex<()>,
     /// Set by the replay worker when it freed index entries: the committer may reset.
     pub(crate) replayed: AtomicBool,
+    /// Where the next replay sweep starts, a position on the disk.
+    pub(crate) replay_cursor: Mutex<u64>,
 }
 
 fn sectors(offset: u64, length: u64) -> (u64, u64) {
@@ -88,11 +79,15 @@ fn sectors(offset: u64, length: u64) -> (u64, u64) {
 
 /// Index position of journal `journal`'s byte `at`.
 fn position(journal: usize, at: u64) -> u64 {
+    assert!(
+        at < SPAN_BYTES,
+        "journal {journal} byte {at} is past its span"
+    );
     ((journal as u64) << SPAN_BITS) | (at / SECTOR_BYTES)
 }
 
 /// Journal number and byte offset of an index position.
-fn locate(position: u64) -> (usize, u64) {
+pub(crate) fn locate(position: u64) -> (usize, u64) {
     (
         (position >> SPAN_BITS) as usize,
         (position & ((1 << SPAN_BITS) - 1)) * SECTOR_BYTES,
@@ -102,6 +97,7 @@ fn locate(position: u64) -> (usize, u64) {
 impl Journals {
     /// Opens the journal files: `dirs` in order, then the hdd's own in `data_dir`.
     pub(crate) fn open(
+        disk: &dyn Disk,
         data_dir: &Path,
         dirs: &[JournalDir],
         local_quota_bytes: u64,
@@ -115,13 +111,12 @@ impl Journals {
         let paths = dirs
             .iter()
             .map(|d| (d.dir.join(FILE_IN_DIR), d.quota_bytes))
-            .chain([(data_dir.join(LOCAL_FILE), local_quota_bytes)]);
+            .chain([(data_dir.join(layout::LOCAL_JOURNAL), local_quota_bytes)]);
         let mut logs = Vec::new();
         for (path, quota) in paths {
-            std::fs::create_dir_all(path.parent().expect("journal path has a parent"))?;
-            let log = LogFile::open(&path, true, quota.min(SPAN_BYTES))?;
-            // SAFETY: plain syscall on an open descriptor.
-            if unsafe { libc::flock(log.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            disk.create_dir_all(path.parent().expect("journal path has a parent"))?;
+            let log = LogFile::open(disk, &path, true, quota.min(SPAN_BYTES))?;
+            if !log.file.try_lock()? {
                 return Err(StoreError::Io(format!(
                     "journal {} is in use by another chunk server; give each hdd its own \
                      journal directories",
@@ -137,6 +132,7 @@ impl Journals {
             index: Mutex::default(),
             chunk_writes: Mutex::new(()),
             replayed: AtomicBool::new(false),
+            replay_cursor: Mutex::new(0),
         };
         Ok((journals, logs))
     }
@@ -207,26 +203,26 @@ impl Journals {
     /// erasing those whole sectors from the index afterwards loses nothing.
     pub(crate) fn copy_edges(
         &self,
-        file: &File,
+        file: &dyn DiskFile,
         chunk: ChunkId,
         offset: u64,
         length: u64,
     ) -> Result<(), StoreError> {
         let end = offset + length;
-        let edges = [
-            (!offset.is_multiple_of(SECTOR_BYTES)).then_some(offset / SECTOR_BYTES),
-            (!end.is_multiple_of(SECTOR_BYTES)).then_some(end / SECTOR_BYTES),
-        ];
+        let first = (!offset.is_multiple_of(SECTOR_BYTES)).then_some(offset / SECTOR_BYTES);
+        let last = (!end.is_multiple_of(SECTOR_BYTES)).then_some(end / SECTOR_BYTES);
+        // A range inside one sector has one edge, copied once.
+        let last = last.filter(|&last| Some(last) != first);
         let index = self.index.lock().unwrap();
         let Some(entry) = index.get(&chunk) else {
             return Ok(());
         };
         let mut sector = [0u8; SECTOR_BYTES as usize];
-        for edge in edges.into_iter().flatten().collect::<HashSet<_>>() {
+        for edge in first.into_iter().chain(last) {
             if let [Piece::Journal { journal, .. }] = entry.query(edge, 1).map_err(index_error)?[..]
             {
                 let (j, at) = locate(journal);
-                read_at(&self.files[j], &mut sector, at)?;
+                disk::read_at(&*self.files[j], &mut sector, at)?;
                 file.write_all_at(&sector, edge * SECTOR_BYTES)?;
             }
         }
@@ -234,23 +230,20 @@ impl Journals {
     }
 
     /// Fills the journaled parts of `out` (chunk bytes from `offset`) from the journals;
-    /// returns the rest, the byte ranges to read from the chunk file, and the (byte,
-    /// length) ranges read from the hdd's own journal (an emulated hdd paces those).
+    /// returns the rest, the (offset, length) ranges to read from the chunk file.
     pub(crate) fn read(
         &self,
         chunk: ChunkId,
         offset: u64,
         out: &mut [u8],
-    ) -> Result<(Vec<Range>, Vec<Range>), StoreError> {
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
         let end = offset + out.len() as u64;
         let index = self.index.lock().unwrap();
         let Some(entry) = index.get(&chunk) else {
-            return Ok((vec![(offset, out.len() as u64)], Vec::new()));
+            return Ok(vec![(offset, out.len() as u64)]);
         };
         let (first, count) = sectors(offset, out.len() as u64);
-        let local = self.files.len() - 1;
         let mut holes = Vec::new();
-        let mut from_local = Vec::new();
         // The index lock is held across the journal reads: a journal is reset only
         // when the index no longer points into it.
         for piece in entry.query(first, count).map_err(index_error)? {
@@ -269,15 +262,12 @@ impl Journals {
                     let (j, at) = locate(journal);
                     let skip = from - sector * SECTOR_BYTES;
                     let range = (from - offset) as usize..(to - offset) as usize;
-                    read_at(&self.files[j], &mut out[range], at + skip)?;
-                    if j == local {
-                        from_local.push((at + skip, to - from));
-                    }
+                    disk::read_at(&*self.files[j], &mut out[range], at + skip)?;
                 }
                 None => holes.push((from, to - from)),
             }
         }
-        Ok((holes, from_local))
+        Ok(holes)
     }
 
     /// Byte ranges of the chunk held in the journals.
@@ -313,184 +303,6 @@ impl Journals {
     }
 }
 
-fn index_error(e: crate::journal_index::IndexError) -> StoreError {
+pub(crate) fn index_error(e: crate::journal_index::IndexError) -> StoreError {
     StoreError::Io(format!("journal index: {e}"))
-}
-
-/// Starts the replay worker; it stops once the store is gone.
-pub(crate) fn spawn_replay(files: Weak<Files>, queue: Arc<Queue>) {
-    std::thread::Builder::new()
-        .name("journal-replay".into())
-        .spawn(move || {
-            let mut cursor = 0;
-            loop {
-                let Some(files) = files.upgrade() else { return };
-                match replay_sweep(&files, &mut cursor) {
-                    Ok(0) => {}
-                    Ok(sectors) => {
-                        files
-                            .journals
-                            .as_ref()
-                            .expect("replay runs with journals")
-                            .replayed
-                            .store(true, Ordering::Release);
-                        queue.wake.notify_one();
-                        // A full sweep means a backlog: go on at once. A partial one
-                        // caught up; the next waits a poll, so a trickle of writes is
-                        // replayed in batches, each with its syncs, not one by one.
-                        if sectors >= REPLAY_BATCH_BYTES / SECTOR_BYTES {
-                            continue;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::error!("journal replay failed, will retry: {e}");
-                        drop(files);
-                        std::thread::sleep(Duration::from_secs(1));
-                        continue;
-                    }
-                }
-                drop(files);
-                std::thread::sleep(REPLAY_POLL);
-            }
-        })
-        .expect("spawning the replay thread");
-}
-
-/// One elevator sweep: copies up to [`REPLAY_BATCH_BYTES`] of live journal data into
-/// the chunk files, going up from `cursor` (a position on the disk, as
-/// [`device_position`] lays chunks out: the emulated hdd's, and an order as good as any
-/// on a real one) and wrapping around, syncs them, then drops the index entries that
-/// still point where they were copied from. Returns the sectors copied.
-fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
-    let journals = files.journals.as_ref().expect("replay runs with journals");
-    let local = journals.files.len() - 1;
-    // The hdd's own journal waits for an idle hdd, unless the ssd journals are more
-    // than half full: they cannot be freed while it holds older records.
-    let (ssd_used, ssd_quota) = journals.ssd_usage();
-    let replay_local =
-        ssd_used * 2 > ssd_quota || files.hdd.as_ref().is_none_or(|hdd| hdd.idle(HDD_IDLE));
-    let position = |chunk: ChunkId, sector: u64| device_position(chunk, sector * SECTOR_BYTES);
-    // (chunk, sector, sectors, journal position), in disk order.
-    let mut pieces = Vec::new();
-    {
-        let index = journals.index.lock().unwrap();
-        let mut chunks: Vec<_> = index.keys().copied().collect();
-        chunks.sort_unstable_by_key(|&chunk| (position(chunk, 0), chunk));
-        for chunk in chunks {
-            for piece in index[&chunk].query(0, CHUNK_SECTORS).unwrap_or_default() {
-                if let Piece::Journal {
-                    offset,
-                    len,
-                    journal,
-                } = piece
-                {
-                    if replay_local || locate(journal).0 != local {
-                        pieces.push((chunk, offset, len, journal));
-                    }
-                }
-            }
-        }
-    }
-    let start = pieces.partition_point(|p| position(p.0, p.1) < *cursor);
-    pieces.rotate_left(start);
-    let mut budget = REPLAY_BATCH_BYTES / SECTOR_BYTES;
-    let mut copied = Vec::new();
-    let mut touched = HashSet::new();
-    let mut created = HashSet::new();
-    let mut data = Vec::new();
-    for (chunk, sector, len, journal) in pieces {
-        if budget == 0 {
-            break;
-        }
-        let len = len.min(budget);
-        budget -= len;
-        // The emulated disk's time for the piece (read from the hdd's own journal, if
-        // there, and write), spent before the locks are taken.
-        let (j, at) = locate(journal);
-        let read = (j == local)
-            .then(|| files.pace_journal(at, len * SECTOR_BYTES, false))
-            .flatten();
-        let write = files.pace(chunk, sector * SECTOR_BYTES, len * SECTOR_BYTES, false);
-        if let Some(done) = read.max(write) {
-            std::thread::sleep(done.saturating_duration_since(Instant::now()));
-        }
-        let _writes = journals.chunk_writes.lock().unwrap();
-        let index = journals.index.lock().unwrap();
-        let Some(entry) = index.get(&chunk) else {
-            continue; // the volume was deleted meanwhile
-        };
-        for piece in entry.query(sector, len).map_err(index_error)? {
-            // Only what still points where this sweep found it: newer data superseded
-            // the rest.
-            let Piece::Journal {
-                offset,
-                len,
-                journal: now,
-            } = piece
-            else {
-                continue;
-            };
-            if now != journal + (offset - sector) {
-                continue;
-            }
-            let (j, at) = locate(now);
-            data.resize((len * SECTOR_BYTES) as usize, 0);
-            read_at(&journals.files[j], &mut data, at)?;
-            let file = match files.get(chunk, false)? {
-                Some(file) => file,
-                None => {
-                    created.insert(chunk);
-                    files
-                        .get(chunk, true)?
-                        .expect("get with create returns a file")
-                }
-            };
-            file.write_all_at(&data, offset * SECTOR_BYTES)?;
-            touched.insert(chunk);
-            copied.push((chunk, offset, len, now));
-        }
-        *cursor = position(chunk, sector + len);
-    }
-    if copied.is_empty() {
-        *cursor = 0;
-        return Ok(0);
-    }
-    let mut dirs = HashSet::new();
-    for chunk in &touched {
-        if let Some(file) = files.get(*chunk, false)? {
-            file.sync_data()?;
-        }
-    }
-    // Only a file this sweep created added directory entries.
-    for chunk in &created {
-        dirs.extend(files.dirs_of(*chunk));
-    }
-    for dir in dirs {
-        File::open(dir)?.sync_all()?;
-    }
-    let mut index = journals.index.lock().unwrap();
-    let mut sectors = 0;
-    for (chunk, offset, len, journal) in copied {
-        let Some(entry) = index.get_mut(&chunk) else {
-            continue;
-        };
-        for piece in entry.query(offset, len).map_err(index_error)? {
-            if let Piece::Journal {
-                offset: o,
-                len: l,
-                journal: now,
-            } = piece
-            {
-                if now == journal + (o - offset) {
-                    entry.remove(o, l).map_err(index_error)?;
-                    sectors += l;
-                }
-            }
-        }
-        entry.merge();
-        if entry.tree_len() + entry.array_len() == 0 {
-            index.remove(&chunk);
-        }
-    }
-    Ok(sectors)
 }

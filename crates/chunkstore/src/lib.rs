@@ -1,29 +1,53 @@
 //! Chunk replica storage on one chunk server's data directory.
 //!
-//! - [`journal_index`]: per-chunk map from chunk ranges to journal positions (URSA §3.3).
-//! - [`wal`]: the write-ahead log format: every change is a checksummed, sequenced
-//!   record; the log is what makes a write durable and atomic.
-//! - [`store`]: the store: the event loop appends batches of records to the
-//!   log with one `fdatasync` per batch (group commit), then applies them to sparse
-//!   chunk files; reads go straight to the chunk files.
+//! - [`store`]: the [`Store`] handle: writes, zeroes, reads, extents, checksums.
+//! - [`committer`], [`plain_commit`], [`hybrid_commit`]: the event-loop task that
+//!   appends batches of records to the log with one `fdatasync` per batch (group
+//!   commit), then applies them to sparse chunk files (plain mode) or leaves small
+//!   writes in ssd journals (hybrid mode, URSA §3.2-3.3).
+//! - [`journal`], [`journal_index`], [`replay`]: hybrid mode's journals, the per-chunk
+//!   map from chunk ranges to journal positions, and the worker that copies journaled
+//!   data into the chunk files.
+//! - [`wal`]: the log format: every change is a checksummed, sequenced record; the
+//!   log is what makes a write durable and atomic. [`log_file`]: one log file.
+//! - [`meta`]: each replica's view and version as of the last checkpoint.
+//! - [`chunk_files`]: open chunk files and the replicas' durable state.
+//! - [`disk`]: the file system under all of it: [`RealDisk`], the emulated hdd
+//!   ([`disk::hdd`]) and [`SimDisk`], an in-memory disk that loses unsynced writes at
+//!   a simulated power cut.
+//!
+//! Opening a store: [`Store::open_with`] on the real disk; [`Store::open_on`] on any
+//! [`Disk`], e.g. `Store::open_on(sim.mount(), dir, &options, &Tuning { manual_replay:
+//! true, ..Tuning::default() })` for a [`SimDisk`] `sim` that survives the store (and
+//! [`SimDisk::crash`] or [`SimDisk::power_cut`] between two opens).
 //!
 //! Layout of a data directory:
 //! ```text
 //! wal                      the write-ahead log (4 KiB header, then records)
 //! meta                     each replica's view and version at the last checkpoint
+//! journal                  hybrid mode: the hdd's own journal
 //! chunks/VOLUME/INDEX      one sparse file per chunk replica (hex ids)
 //! ```
 //! Crash safety: a write is acknowledged only after its record is durable in the log.
 //! After a crash, replay re-applies every record from the last checkpoint up to the
 //! first torn or missing one, so an acknowledged write is always whole and an
 //! unacknowledged one is either whole or absent.
-pub mod hdd;
+mod chunk_files;
+mod committer;
+pub mod disk;
+mod error;
+mod hybrid_commit;
 pub mod journal;
 pub mod journal_index;
+mod layout;
+mod log_file;
 pub mod meta;
+mod plain_commit;
+mod replay;
 pub mod store;
 pub mod wal;
 
+pub use disk::{Disk, DiskFile, RealDisk, SimDisk};
 pub use journal::JournalDir;
 pub use meta::ChunkMeta;
-pub use store::{Options, Store, StoreError};
+pub use store::{Options, Store, StoreError, Tuning};

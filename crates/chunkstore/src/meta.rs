@@ -6,11 +6,11 @@
 //! magic u32 | count u64 | count x (volume_id u64 | index u64 | view u64 | version u64) | crc u32
 //! ```
 
+use crate::disk::{self, Disk};
 use bytes::{Buf, BufMut};
 use floe_protocol::ChunkId;
-use std::collections::HashMap;
-use std::fs::File;
-use std::io::{self, ErrorKind, Write};
+use std::collections::BTreeMap;
+use std::io::{self, ErrorKind};
 use std::path::Path;
 
 const MAGIC: u32 = 0x464c_4d54; // "FLMT"
@@ -24,13 +24,12 @@ pub struct ChunkMeta {
     pub version: u64,
 }
 
-pub type Metas = HashMap<ChunkId, ChunkMeta>;
+/// Ordered, so the file's bytes (and a simulation's runs) are the same each time.
+pub type Metas = BTreeMap<ChunkId, ChunkMeta>;
 
-pub fn load(path: &Path) -> io::Result<Metas> {
-    let raw = match std::fs::read(path) {
-        Ok(raw) => raw,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Metas::new()),
-        Err(e) => return Err(e),
+pub fn load(disk: &dyn Disk, path: &Path) -> io::Result<Metas> {
+    let Some(raw) = disk::read_file(disk, path)? else {
+        return Ok(Metas::new());
     };
     let corrupt = || {
         io::Error::new(
@@ -56,7 +55,7 @@ pub fn load(path: &Path) -> io::Result<Metas> {
     if r.len() != count.checked_mul(ENTRY_BYTES).ok_or_else(corrupt)? {
         return Err(corrupt());
     }
-    let mut metas = Metas::with_capacity(count);
+    let mut metas = Metas::new();
     for _ in 0..count {
         let chunk = ChunkId {
             volume_id: r.get_u64_le(),
@@ -72,7 +71,7 @@ pub fn load(path: &Path) -> io::Result<Metas> {
 }
 
 /// Replaces the file at `path` atomically and durably.
-pub fn save(path: &Path, metas: &Metas) -> io::Result<()> {
+pub fn save(disk: &dyn Disk, path: &Path, metas: &Metas) -> io::Result<()> {
     let mut out = Vec::with_capacity(16 + metas.len() * ENTRY_BYTES);
     out.put_u32_le(MAGIC);
     out.put_u64_le(metas.len() as u64);
@@ -85,11 +84,12 @@ pub fn save(path: &Path, metas: &Metas) -> io::Result<()> {
     let crc = crc32c::crc32c(&out);
     out.put_u32_le(crc);
     let temporary = path.with_extension("tmp");
-    let mut file = File::create(&temporary)?;
-    file.write_all(&out)?;
+    let file = disk.open(&temporary, true)?;
+    file.set_len(0)?;
+    file.write_all_at(&out, 0)?;
     file.sync_data()?;
-    std::fs::rename(&temporary, path)?;
-    File::open(path.parent().expect("meta file has a parent"))?.sync_all()
+    disk.rename(&temporary, path)?;
+    disk.sync_dir(path.parent().expect("meta file has a parent"))
 }
 
 #[cfg(test)]
@@ -98,9 +98,13 @@ mod tests {
 
     #[test]
     fn round_trip_and_corruption() {
+        let disk = crate::RealDisk;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("meta");
-        assert!(load(&path).unwrap().is_empty(), "absent file: no state");
+        assert!(
+            load(&disk, &path).unwrap().is_empty(),
+            "absent file: no state"
+        );
         let mut metas = Metas::new();
         metas.insert(
             ChunkId {
@@ -112,11 +116,11 @@ mod tests {
                 version: 4 << 32 | 5,
             },
         );
-        save(&path, &metas).unwrap();
-        assert_eq!(load(&path).unwrap(), metas);
+        save(&disk, &path, &metas).unwrap();
+        assert_eq!(load(&disk, &path).unwrap(), metas);
         let mut raw = std::fs::read(&path).unwrap();
         raw[20] ^= 1;
         std::fs::write(&path, raw).unwrap();
-        assert!(load(&path).is_err());
+        assert!(load(&disk, &path).is_err());
     }
 }

@@ -13,7 +13,7 @@
 //! the start without being truncated or zeroed. Sequence numbers are global across
 //! the journals of one store (see `store`), so a file's records may skip numbers.
 //!
-//! Format 2 (the log in the data directory) packs records back to back. Format 3 (a
+//! Format 2 (the log in the data directory) packs records back to back. Format 4 (a
 //! journal) pads before the data so it starts on a [`SECTOR_BYTES`] boundary: the
 //! journal index addresses journal data in sectors. `view` and `version` are the
 //! chunk's replication state once the record is applied, so the state is durable in

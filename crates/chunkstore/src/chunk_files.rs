@@ -1,0 +1,100 @@
+//! The chunk files and the replicas' durable state, shared by readers, the committer
+//! and the replay worker; a cache of open chunk files.
+
+use crate::disk::hdd::Hdd;
+use crate::disk::{Disk, FileRef};
+use crate::journal::Journals;
+use crate::layout;
+use crate::meta::Metas;
+use floe_protocol::ChunkId;
+use std::collections::HashMap;
+use std::io::{self, ErrorKind};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Open chunk files kept cached.
+const OPEN_FILES_MAX: usize = 4096;
+
+pub(crate) struct Files {
+    pub(crate) disk: Arc<dyn Disk>,
+    pub(crate) dir: PathBuf,
+    open: Mutex<HashMap<ChunkId, FileRef>>,
+    /// Updated as log records commit: the state of what is durable.
+    pub(crate) metas: Mutex<Metas>,
+    /// The emulated hdd under the chunk files, asked whether it is idle.
+    pub(crate) hdd: Option<Arc<Hdd>>,
+    pub(crate) journals: Option<Journals>,
+}
+
+impl Files {
+    pub(crate) fn new(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        metas: Metas,
+        hdd: Option<Arc<Hdd>>,
+    ) -> Files {
+        Files {
+            disk,
+            dir: dir.to_path_buf(),
+            open: Mutex::default(),
+            metas: Mutex::new(metas),
+            hdd,
+            journals: None,
+        }
+    }
+
+    /// The chunk's file; `None` when it does not exist and `create` is false.
+    pub(crate) fn get(&self, chunk: ChunkId, create: bool) -> io::Result<Option<FileRef>> {
+        if let Some(f) = self.open.lock().unwrap().get(&chunk) {
+            return Ok(Some(f.clone()));
+        }
+        let path = layout::chunk_path(&self.dir, chunk);
+        let file = match self.disk.open(&path, false) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound && create => {
+                self.disk
+                    .create_dir_all(path.parent().expect("chunk path has a parent"))?;
+                self.disk.open(&path, true)?
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut open = self.open.lock().unwrap();
+        if open.len() >= OPEN_FILES_MAX {
+            open.clear();
+        }
+        Ok(Some(open.entry(chunk).or_insert(file).clone()))
+    }
+
+    /// True if the chunk has a file.
+    pub(crate) fn exists(&self, chunk: ChunkId) -> io::Result<bool> {
+        if self.open.lock().unwrap().contains_key(&chunk) {
+            return Ok(true);
+        }
+        self.disk.exists(&layout::chunk_path(&self.dir, chunk))
+    }
+
+    /// The directories whose entries a new file of `chunk` adds to.
+    pub(crate) fn dirs_of(&self, chunk: ChunkId) -> [PathBuf; 2] {
+        [
+            layout::volume_dir(&self.dir, chunk.volume_id),
+            layout::chunks_dir(&self.dir),
+        ]
+    }
+
+    pub(crate) fn forget_volume(&self, volume_id: u64) {
+        self.open
+            .lock()
+            .unwrap()
+            .retain(|c, _| c.volume_id != volume_id);
+    }
+
+    /// Makes a directory's entries durable; one that is gone (a deleted volume's) has
+    /// none left to sync.
+    pub(crate) fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        match self.disk.sync_dir(dir) {
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+}

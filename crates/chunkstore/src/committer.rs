@@ -1,0 +1,258 @@
+//! The committer: the task that takes every queued change, appends them to the log
+//! (or a journal) in one write and one fdatasync (group commit), applies them, and
+//! completes them. Plain mode's commit is in [`crate::plain_commit`], hybrid mode's in
+//! [`crate::hybrid_commit`]; this file holds what both share.
+
+use crate::chunk_files::Files;
+use crate::disk::hdd;
+use crate::error::StoreError;
+use crate::journal::Journals;
+use crate::layout;
+use crate::log_file::{assert_in_chunk, LogFile};
+use crate::meta::ChunkMeta;
+use crate::wal::{Kind, RecordHeader};
+use bytes::Bytes;
+use floe_protocol::ChunkId;
+use std::collections::BTreeSet;
+use std::io::{self, ErrorKind};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{oneshot, Notify};
+
+/// Log bytes gathered into one append + fdatasync.
+const BATCH_BYTES_MAX: usize = 16 << 20;
+/// Records in one append. Bounds the records a crash can leave intact past a torn
+/// one: those of the last batch, never synced, with sequence numbers up to this many
+/// past the last valid record.
+const BATCH_RECORDS_MAX: usize = 4096;
+
+pub(crate) type Done = oneshot::Sender<Result<(), StoreError>>;
+
+pub(crate) struct Change {
+    pub(crate) header: RecordHeader,
+    pub(crate) data: Bytes,
+    pub(crate) done: Done,
+}
+
+pub(crate) type Completions = Vec<(Done, Result<(), StoreError>)>;
+
+/// Changes waiting for the next commit. Submitters are bounded upstream: each
+/// connection has a fixed number of requests in flight.
+#[derive(Default)]
+pub(crate) struct Queue {
+    pub(crate) changes: Mutex<Vec<Change>>,
+    pub(crate) wake: Notify,
+}
+
+/// The log (or the journals) and everything only the committer touches.
+pub(crate) struct Committer {
+    /// The data directory's log alone; in hybrid mode the journals (the hdd's own
+    /// last).
+    pub(crate) logs: Vec<LogFile>,
+    /// The log the next batch goes to.
+    pub(crate) active: usize,
+    pub(crate) files: Arc<Files>,
+    /// Sequence number of the next record, global across the logs.
+    pub(crate) next_seq: u64,
+    /// Chunk files and directories changed since they were last synced; ordered, so
+    /// they are synced in the same order each run (a simulation replays exactly).
+    pub(crate) dirty_files: BTreeSet<ChunkId>,
+    pub(crate) dirty_dirs: BTreeSet<PathBuf>,
+    pub(crate) buffer: Vec<u8>,
+    /// Set when the log can no longer be written safely; every change then fails.
+    pub(crate) failed: Option<String>,
+}
+
+impl Committer {
+    pub(crate) fn new(logs: Vec<LogFile>, files: Arc<Files>) -> Committer {
+        let next_seq = logs.iter().map(LogFile::next_seq).max().unwrap_or(1);
+        Committer {
+            logs,
+            active: 0,
+            files,
+            next_seq,
+            dirty_files: BTreeSet::new(),
+            dirty_dirs: BTreeSet::new(),
+            buffer: Vec::new(),
+            failed: None,
+        }
+    }
+
+    pub(crate) fn hybrid(&self) -> bool {
+        self.files.journals.is_some()
+    }
+
+    pub(crate) fn journals(&self) -> &Journals {
+        self.files
+            .journals
+            .as_ref()
+            .expect("hybrid mode has journals")
+    }
+
+    pub(crate) async fn run(mut self, queue: Arc<Queue>) {
+        let mut batch: Vec<Change> = Vec::new();
+        loop {
+            queue.wake.notified().await;
+            // Let every task that is ready (requests just read off sockets) queue its
+            // change first, so they share this commit.
+            tokio::task::yield_now().await;
+            loop {
+                {
+                    let mut changes = queue.changes.lock().unwrap();
+                    let mut bytes = 0;
+                    let take = changes
+                        .iter()
+                        .take_while(|c| {
+                            bytes += c.data.len();
+                            bytes <= BATCH_BYTES_MAX
+                        })
+                        .count()
+                        .clamp(1, BATCH_RECORDS_MAX)
+                        .min(changes.len());
+                    batch.extend(changes.drain(..take));
+                }
+                if self.hybrid() && self.journals().replayed.swap(false, Ordering::Acquire) {
+                    if let Err(e) = self.reclaim() {
+                        tracing::error!("resetting replayed journals failed, will retry: {e}");
+                    }
+                }
+                if batch.is_empty() {
+                    break;
+                }
+                let completions = if self.hybrid() {
+                    self.commit_journaled(&mut batch)
+                } else {
+                    self.commit(&mut batch)
+                };
+                if let Some(at) = hdd::take_paced_until() {
+                    tokio::time::sleep_until(at.into()).await;
+                }
+                for (done, result) in completions {
+                    let _ = done.send(result);
+                }
+                if !self.hybrid() && self.logs[0].position >= self.logs[0].quota {
+                    if let Err(e) = self.checkpoint() {
+                        tracing::error!("checkpoint failed, will retry: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn fail_all(batch: &mut Vec<Change>, error: StoreError) -> Completions {
+        batch
+            .drain(..)
+            .map(|c| (c.done, Err(error.clone())))
+            .collect()
+    }
+
+    /// Appends the batch to `self.logs[self.active]` as one write and one fdatasync.
+    pub(crate) fn append(&mut self, batch: &mut [Change]) -> io::Result<()> {
+        let log = &mut self.logs[self.active];
+        self.buffer.clear();
+        for change in batch.iter_mut() {
+            change.header.seq = self.next_seq;
+            self.next_seq += 1;
+            assert_in_chunk(&change.header);
+            let data = if change.header.kind == Kind::Write {
+                &change.data[..]
+            } else {
+                &[]
+            };
+            change
+                .header
+                .encode(data, &mut self.buffer, log.position, log.aligned);
+        }
+        log.file.write_all_at(&self.buffer, log.position)?;
+        log.file.sync_data()?;
+        if let (Some(first), Some(last)) = (batch.first(), batch.last()) {
+            log.appended(first.header.seq, last.header.seq);
+        }
+        Ok(())
+    }
+
+    /// After the logs were scanned: the next sequence number skips every one the
+    /// last batch before the crash may have used. Its records past a torn one are
+    /// still intact; a new batch appended at the tear that ended exactly where one
+    /// of them begins would otherwise make the next scan read on into it and apply
+    /// an unacknowledged, superseded change.
+    pub(crate) fn skip_unsynced_seqs(&mut self) {
+        self.next_seq += BATCH_RECORDS_MAX as u64;
+    }
+
+    /// Makes the chunk files and directories changed so far durable. On error the
+    /// dirty sets are kept, so a later call syncs them all again.
+    pub(crate) fn sync_dirty(&mut self) -> Result<(), StoreError> {
+        for chunk in &self.dirty_files {
+            if let Some(file) = self.files.get(*chunk, false)? {
+                file.sync_data()?;
+            }
+        }
+        for dir in &self.dirty_dirs {
+            self.files.sync_dir(dir)?;
+        }
+        self.dirty_files.clear();
+        self.dirty_dirs.clear();
+        Ok(())
+    }
+
+    pub(crate) fn apply_meta(&self, header: &RecordHeader) {
+        let chunk = header.chunk;
+        let mut metas = self.files.metas.lock().unwrap();
+        if header.kind == Kind::DeleteVolume {
+            metas.retain(|c, _| c.volume_id != chunk.volume_id);
+        } else {
+            metas.insert(
+                chunk,
+                ChunkMeta {
+                    view: header.view,
+                    version: header.version,
+                },
+            );
+        }
+    }
+
+    /// A change's effect on the chunk files (not yet durable: see
+    /// [`Committer::sync_dirty`]).
+    pub(crate) fn apply_file(
+        &mut self,
+        header: &RecordHeader,
+        data: &[u8],
+    ) -> Result<(), StoreError> {
+        let chunk = header.chunk;
+        match header.kind {
+            Kind::Stamp => return Ok(()),
+            Kind::DeleteVolume => {
+                self.files.forget_volume(chunk.volume_id);
+                self.dirty_files.retain(|c| c.volume_id != chunk.volume_id);
+                let volume = layout::volume_dir(&self.files.dir, chunk.volume_id);
+                match self.files.disk.remove_dir_all(&volume) {
+                    Err(e) if e.kind() != ErrorKind::NotFound => return Err(e.into()),
+                    _ => {}
+                }
+                self.dirty_dirs.insert(layout::chunks_dir(&self.files.dir));
+                return Ok(());
+            }
+            Kind::Write | Kind::Bypass | Kind::Zero | Kind::Punch => {}
+        }
+        assert_in_chunk(header);
+        let existed = self.files.exists(chunk)?;
+        let file = self
+            .files
+            .get(chunk, true)?
+            .expect("get with create returns a file");
+        if !existed {
+            self.dirty_dirs.extend(self.files.dirs_of(chunk));
+        }
+        self.dirty_files.insert(chunk);
+        if let Some(journals) = &self.files.journals {
+            journals.copy_edges(&*file, chunk, header.offset, header.length)?;
+        }
+        match header.kind {
+            Kind::Write | Kind::Bypass => file.write_all_at(data, header.offset)?,
+            kind => file.zero_range(header.offset, header.length, kind == Kind::Punch)?,
+        }
+        Ok(())
+    }
+}
