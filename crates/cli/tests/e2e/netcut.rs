@@ -28,12 +28,12 @@ impl Cut {
         )
     }
 
-    /// Drops only the packets that processes of user `uid` send to `port`: cuts one
+    /// Drops only the packets that processes of group `gid` send to `port`: cuts one
     /// process off from one server, the others still reach it.
-    pub fn user_to_port(uid: u32, port: u16) -> Cut {
+    pub fn group_to_port(gid: u32, port: u16) -> Cut {
         Cut::rule(
-            format!("floe_cut_{uid}_{port}"),
-            &format!("meta skuid {uid} ip daddr 127.0.0.1 tcp dport {port} drop"),
+            format!("floe_cut_{gid}_{port}"),
+            &format!("meta skgid {gid} ip daddr 127.0.0.1 tcp dport {port} drop"),
         )
     }
 

@@ -12,8 +12,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The user the cut-off gateway runs as: the nftables rule picks its packets by owner.
-const CUT_OFF_UID: u32 = 65534;
+/// The group the cut-off gateway runs as: the nftables rule picks its packets by
+/// their socket's group (its user stays the same, so it reads what the others read).
+const CUT_OFF_GID: u32 = 65534;
 /// How long the first gateway's client writes; the takeover happens meanwhile.
 const WRITING: Duration = Duration::from_secs(16);
 /// Normal writing before the cut.
@@ -70,13 +71,12 @@ for line in open(os.environ["LEDGER"]):
 print(f"{len(bad)} differ {bad[:10]}", flush=True)
 "#;
 
-fn gateway(master: &str, port: u16, log: &std::path::Path, uid: Option<u32>) -> Child {
+fn gateway(master: &str, port: u16, log: &std::path::Path, gid: Option<u32>) -> Child {
     let log = std::fs::File::create(log).unwrap();
-    let mut command = match uid {
-        Some(uid) => {
+    let mut command = match gid {
+        Some(gid) => {
             let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={uid}"))
-                .arg(format!("--regid={uid}"))
+            c.arg(format!("--regid={gid}"))
                 .args(["--clear-groups", FLOE]);
             c
         }
@@ -148,7 +148,7 @@ fn cut_off_writer_stops_before_the_takeover() {
         master,
         old_port,
         &dir.path().join("old-gateway.log"),
-        Some(CUT_OFF_UID),
+        Some(CUT_OFF_GID),
     );
     let mut new = gateway(master, new_port, &dir.path().join("new-gateway.log"), None);
     std::thread::sleep(Duration::from_millis(500));
@@ -161,7 +161,7 @@ fn cut_off_writer_stops_before_the_takeover() {
         &[("WRITING_S", WRITING.as_secs_f64().to_string())],
     );
     std::thread::sleep(BEFORE_CUT);
-    let cut = Cut::user_to_port(CUT_OFF_UID, master_port);
+    let cut = Cut::group_to_port(CUT_OFF_GID, master_port);
     // The new gateway waits for the old lease to run out.
     let new_writer = script(
         &new_uri,
