@@ -5,16 +5,18 @@ use crate::network::{service, Network, ProcessId, SimTransport};
 use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use floe_chunkserver::{Registration, StoreOptions};
-use floe_chunkstore::Store;
+use floe_chunkstore::{SimDisk, Store, Tuning};
 use floe_client::master::MasterClient;
 use floe_metadata::memory::MemoryStore;
 use floe_metadata::{MetaError, MetaStore, Op};
 use floe_protocol::{ConnectionPool, DeviceClass};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 pub const MASTER_ADDRESS: &str = "master:7700";
 pub const VOLUME: &str = "sim";
+/// Where a chunk server keeps its data on its simulated disk.
+const DATA_DIR: &str = "/floe";
 
 /// The master's metadata service: it outlives masters (as etcd does), but a dead
 /// master's zombie tasks can no longer write to it.
@@ -51,48 +53,13 @@ impl MetaStore for MasterMeta {
     }
 }
 
-/// A chunk server's data directory. kill -9 keeps every byte the process wrote (the
-/// page cache survives it), so the successor starts on a copy taken at the kill and
-/// a zombie's late writes land where nobody reads.
-struct DataDir {
-    root: PathBuf,
-    life: u32,
-}
-
-impl DataDir {
-    fn current(&self) -> PathBuf {
-        self.root.join(self.life.to_string())
-    }
-
-    fn kill(&mut self) {
-        let from = self.current();
-        self.life += 1;
-        copy_tree(&from, &self.current());
-    }
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("sim data directory");
-    let mut entries: Vec<_> = std::fs::read_dir(from)
-        .map(|d| d.map(|e| e.expect("readdir").path()).collect())
-        .unwrap_or_default();
-    entries.sort();
-    for path in entries {
-        let target = to.join(path.file_name().expect("a named entry"));
-        if path.is_dir() {
-            copy_tree(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).expect("copy a data file");
-        }
-    }
-}
-
 pub struct Server {
     pub process: ProcessId,
     pub host: String,
     pub address: String,
     uuid: String,
-    dir: DataDir,
+    /// Its disk, which outlives its processes.
+    disk: SimDisk,
     /// Died for good and marked lost.
     pub lost: bool,
 }
@@ -112,11 +79,10 @@ pub struct Cluster {
     pub gateways: Vec<Gateway>,
     /// The operator's CLI.
     admin: Arc<MasterClient>,
-    scratch: PathBuf,
 }
 
 impl Cluster {
-    pub fn new(network: Arc<Network>, settings: floe_master::Settings, scratch: &Path) -> Cluster {
+    pub fn new(network: Arc<Network>, settings: floe_master::Settings) -> Cluster {
         let master = network.add("master", "master");
         let admin_process = network.add("admin", "admin");
         let admin = Arc::new(MasterClient::over(
@@ -131,7 +97,6 @@ impl Cluster {
             servers: Vec::new(),
             gateways: Vec::new(),
             admin,
-            scratch: scratch.to_path_buf(),
         }
     }
 
@@ -178,10 +143,7 @@ impl Cluster {
             host: host.to_string(),
             address: format!("{name}:7000"),
             uuid: format!("{n:032x}"),
-            dir: DataDir {
-                root: self.scratch.join(&name),
-                life: 0,
-            },
+            disk: SimDisk::new(),
             lost: false,
         });
         n
@@ -190,9 +152,18 @@ impl Cluster {
     pub fn start_server(&self, n: usize) -> Result<(), String> {
         let server = &self.servers[n];
         let transport = self.network.boot(server.process);
-        let dir = server.dir.current();
-        let store = Store::open_with(&dir, &StoreOptions::default())
-            .map_err(|e| format!("chunk server {n} cannot open its data after a crash: {e}"))?;
+        let tuning = Tuning {
+            // Checkpoints every few dozen writes, so crashes land around them too.
+            wal_checkpoint_bytes: 256 << 10,
+            ..Tuning::default()
+        };
+        let store = Store::open_on(
+            server.disk.mount(),
+            Path::new(DATA_DIR),
+            &StoreOptions::default(),
+            &tuning,
+        )
+        .map_err(|e| format!("chunk server {n} cannot open its data after a crash: {e}"))?;
         let handler = floe_chunkserver::start(
             store,
             Registration {
@@ -211,10 +182,24 @@ impl Cluster {
         Ok(())
     }
 
-    /// kill -9 of a chunk server.
+    /// kill -9 of a chunk server: what it wrote stays, synced or not.
     pub fn kill_server(&mut self, n: usize) {
         self.network.kill(self.servers[n].process);
-        self.servers[n].dir.kill();
+        self.servers[n].disk.crash();
+    }
+
+    /// The power goes after the disk of server `n` takes `changes` more changes:
+    /// the server's work fails from there, wherever it is (mid-batch, between a
+    /// sync and the next write), until [`Cluster::power_cut`].
+    pub fn power_failing(&self, n: usize, changes: u64) {
+        self.servers[n].disk.fail_after(changes);
+    }
+
+    /// A power cut of server `n`'s machine: it stops and its disk keeps what was
+    /// synced plus any subset of the rest (torn sectors too), as `seed` picks.
+    pub fn power_cut(&mut self, n: usize, seed: u64) {
+        self.network.kill(self.servers[n].process);
+        self.servers[n].disk.power_cut(seed);
     }
 
     pub fn add_gateway(&mut self) -> usize {

@@ -1,8 +1,10 @@
 //! Deterministic simulation of a Floe cluster (TigerBeetle's VOPR, FoundationDB's
 //! simulator): the real master, chunk servers and gateway client stack run in one
-//! process on one thread, on tokio's paused clock, and talk through a simulated
-//! network that delays, reorders, drops and duplicates messages and partitions any
-//! set of processes. Processes crash (kill -9) and restart, two gateways race for one
+//! process on one thread, on tokio's paused clock, with simulated disks
+//! ([`floe_chunkstore::SimDisk`]), and talk through a simulated network that delays,
+//! reorders, drops and duplicates messages and partitions any set of processes.
+//! Processes crash (kill -9), hosts lose power (unsynced writes partly lost, sectors
+//! torn) and both restart, two gateways race for one
 //! volume's lease, chunk servers die for good and are marked lost, the map expands.
 //! A workload writes and reads with a ledger; the checkers then prove nothing
 //! acknowledged was lost, no two writers overlapped, versions name one change each,
@@ -62,8 +64,7 @@ pub fn run(seed: u64) -> Result<Report, Box<Failure>> {
         .start_paused(true)
         .build()
         .expect("a tokio runtime");
-    let scratch = scratch_dir();
-    let result = runtime.block_on(scenario::run(seed, scratch.path()));
+    let result = runtime.block_on(scenario::run(seed));
     // Zombie tasks of killed processes die with the runtime.
     drop(runtime);
     result.map_err(|(violations, report)| {
@@ -73,11 +74,4 @@ pub fn run(seed: u64) -> Result<Report, Box<Failure>> {
             report,
         })
     })
-}
-
-/// Chunk server data lives in memory-backed files where the machine has them.
-fn scratch_dir() -> tempfile::TempDir {
-    let shm = std::path::Path::new("/dev/shm");
-    let builder = tempfile::Builder::new().prefix("floe-sim-").tempdir_in(shm);
-    builder.unwrap_or_else(|_| tempfile::tempdir().expect("a temporary directory"))
 }

@@ -70,7 +70,7 @@ struct Run {
     violations: Vec<String>,
 }
 
-pub async fn run(seed: u64, scratch: &std::path::Path) -> Result<Report, (Vec<String>, Report)> {
+pub async fn run(seed: u64) -> Result<Report, (Vec<String>, Report)> {
     let mut rng = StdRng::seed_from_u64(seed);
     let faults = Faults {
         delay_max: Duration::from_micros(rng.gen_range(50..3_000)),
@@ -89,7 +89,7 @@ pub async fn run(seed: u64, scratch: &std::path::Path) -> Result<Report, (Vec<St
         placement,
         ..Default::default()
     };
-    let mut cluster = Cluster::new(network.clone(), settings, scratch);
+    let mut cluster = Cluster::new(network.clone(), settings);
     for host in 0..HOSTS {
         for _ in 0..rng.gen_range(1..=2) {
             cluster.add_server(&format!("h{host}"));
@@ -272,7 +272,7 @@ impl Run {
                     self.schedule(restart_after, Later::RestartServer(n));
                 }
             }
-            25..=34 => {
+            25..=29 => {
                 let host = format!("h{}", self.rng.gen_range(0..HOSTS));
                 self.event(format!("kill -9 every server on {host}"));
                 for n in self.live_servers() {
@@ -280,6 +280,28 @@ impl Run {
                         self.cluster.kill_server(n);
                         self.schedule(restart_after, Later::RestartServer(n));
                     }
+                }
+            }
+            30..=34 => {
+                let host = format!("h{}", self.rng.gen_range(0..HOSTS));
+                let on_host: Vec<usize> = self
+                    .live_servers()
+                    .into_iter()
+                    .filter(|&n| self.cluster.servers[n].host == host)
+                    .collect();
+                // The power fails a few disk changes in: wherever the servers are in
+                // their work, then the machine stops.
+                for &n in &on_host {
+                    let changes = self.rng.gen_range(0..16);
+                    self.cluster.power_failing(n, changes);
+                }
+                let failing = Duration::from_millis(self.rng.gen_range(0..20));
+                self.run_for(failing).await;
+                self.event(format!("power cut of {host}"));
+                for &n in &on_host {
+                    let seed = self.rng.gen();
+                    self.cluster.power_cut(n, seed);
+                    self.schedule(restart_after, Later::RestartServer(n));
                 }
             }
             35..=54 => {

@@ -18,6 +18,16 @@ fn env_u64(name: &str) -> Option<u64> {
     })
 }
 
+/// Log lines carry the simulation's virtual time.
+struct VirtualTime(std::sync::OnceLock<tokio::time::Instant>);
+
+impl tracing_subscriber::fmt::time::FormatTime for VirtualTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        let start = *self.0.get_or_init(tokio::time::Instant::now);
+        write!(w, "{:>10.6}s", start.elapsed().as_secs_f64())
+    }
+}
+
 #[test]
 fn seeds() {
     if let Some(seed) = env_u64("FLOE_SIM_SEED") {
@@ -26,6 +36,7 @@ fn seeds() {
                 tracing_subscriber::EnvFilter::try_from_default_env()
                     .unwrap_or_else(|_| "info".into()),
             )
+            .with_timer(VirtualTime(std::sync::OnceLock::new()))
             .with_test_writer()
             .init();
         match floe_sim::run(seed) {
