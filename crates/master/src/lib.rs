@@ -28,10 +28,9 @@ use floe_protocol::{
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 /// A chunk server silent for this long is considered down.
@@ -57,6 +56,9 @@ pub(crate) struct State {
     pub(crate) chunks: HashMap<u64, BTreeMap<u64, ChunkPlacement>>,
     /// By volume id.
     leases: HashMap<u64, Lease>,
+    /// The volume whose new lease is being stored: its old lease is not renewed
+    /// meanwhile.
+    lease_in_flight: Option<u64>,
     deleted_volumes: Vec<u64>,
     last_server_id: u64,
     last_volume_id: u64,
@@ -89,9 +91,15 @@ impl Default for Settings {
 
 pub struct Master {
     store: Box<dyn MetaStore>,
-    /// One lock for all state: control requests are rare, and serialising them keeps
-    /// allocation and id assignment trivially race-free. Never held across calls to
-    /// chunk servers.
+    /// Serialises changes to the stored state and is held across the store write, so
+    /// each change is decided from what every earlier one left: ids, allocations and
+    /// lease generations are handed out once. Control requests that change the store
+    /// are rare; heartbeats and reads never take it.
+    changes: tokio::sync::Mutex<()>,
+    /// Everything the master knows, stored or not (heartbeats, lease terms). Held for
+    /// work in memory only, never across a store write or a call to a chunk server
+    /// (a std mutex: a guard held over an await does not compile where it is
+    /// spawned), so a slow metadata store never delays a heartbeat.
     state: Mutex<State>,
     /// Connections to chunk servers, for recovery and scrub.
     peers: ConnectionPool,
@@ -99,7 +107,8 @@ pub struct Master {
     moves: recovery::Progress,
 }
 
-pub(crate) type Reply = Result<ControlResponse, (Status, String)>;
+pub(crate) type Failure = (Status, String);
+pub(crate) type Reply = Result<ControlResponse, Failure>;
 
 pub(crate) fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("metadata serializes")
@@ -117,8 +126,22 @@ fn server_key(id: ServerId) -> String {
     format!("server/{id:08}")
 }
 
-pub(crate) fn store_failed(e: floe_metadata::MetaError) -> (Status, String) {
+fn put(key: String, value: &impl Serialize) -> Op {
+    Op::Put {
+        key,
+        value: json(value),
+    }
+}
+
+pub(crate) fn store_failed(e: floe_metadata::MetaError) -> Failure {
     (Status::Unavailable, e.to_string())
+}
+
+fn not_registered(id: ServerId) -> Failure {
+    (
+        Status::NotFound,
+        format!("chunk server {id} is not registered"),
+    )
 }
 
 impl Master {
@@ -138,6 +161,7 @@ impl Master {
             volumes: BTreeMap::new(),
             chunks: HashMap::new(),
             leases: HashMap::new(),
+            lease_in_flight: None,
             deleted_volumes: Vec::new(),
             last_server_id: 0,
             last_volume_id: 0,
@@ -206,31 +230,57 @@ impl Master {
                 serde_json::from_slice(&raw).map_err(|e| corrupt(map::MAP_KEY, e))?;
             state.map = map::MapState::load(Some(stored), settings.placement)?;
         }
+        let has_chunks = !state.chunks.is_empty();
         let master = Master {
             store,
+            changes: tokio::sync::Mutex::new(()),
             state: Mutex::new(state),
             peers,
             recovery: recovery::Progress::new(settings.recovery),
             moves: recovery::Progress::new(settings.moves),
         };
         // Chunks allocated before the cluster map existed belong to its first layer.
-        let mut state = master.state.lock().await;
-        if !state.chunks.is_empty() {
-            master.bootstrap_map(&mut state).await.map_err(|(_, e)| e)?;
+        if has_chunks {
+            master.bootstrap_map().await.map_err(|(_, e)| e)?;
         }
-        drop(state);
         Ok(master)
     }
 
-    async fn control(&self, request: ControlRequest) -> Reply {
-        if let ControlRequest::Scrub { name } = request {
-            return recovery::scrub(self, &name)
-                .await
-                .map(ControlResponse::Scrub);
-        }
-        let mut state = self.state.lock().await;
+    /// The state, with liveness judged as of now.
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        let mut state = self.state.lock().unwrap();
         state.refresh_liveness();
+        state
+    }
+
+    /// Stores `ops` (none: nothing to store).
+    async fn store(&self, ops: Vec<Op>) -> Result<(), Failure> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.store.apply(ops).await.map_err(store_failed)
+    }
+
+    /// One change to the stored state: `decide` sees the state with every earlier
+    /// change applied and none in flight, and returns what to store and what `apply`
+    /// needs; `apply` updates the memory once the store has it, so a failed write
+    /// leaves the memory as it was.
+    pub(crate) async fn change<P, T>(
+        &self,
+        decide: impl FnOnce(&State) -> Result<(Vec<Op>, P), Failure>,
+        apply: impl FnOnce(&mut State, P) -> T,
+    ) -> Result<T, Failure> {
+        let _serial = self.changes.lock().await;
+        let (ops, decided) = decide(&self.state())?;
+        self.store(ops).await?;
+        Ok(apply(&mut self.state(), decided))
+    }
+
+    async fn control(&self, request: ControlRequest) -> Reply {
         match request {
+            ControlRequest::Scrub { name } => recovery::scrub(self, &name)
+                .await
+                .map(ControlResponse::Scrub),
             ControlRequest::Register {
                 uuid,
                 address,
@@ -239,43 +289,44 @@ impl Master {
                 emulated,
                 capacity_bytes,
             } => {
-                let existing = state
-                    .servers
-                    .values()
-                    .find(|s| s.uuid == uuid)
-                    .map(|s| s.id);
-                let mut ops = Vec::new();
-                let id = match existing {
-                    Some(id) => id,
-                    None => {
-                        state.last_server_id += 1;
-                        ops.push(Op::Put {
-                            key: "counter/server".into(),
-                            value: json(&state.last_server_id),
-                        });
-                        state.last_server_id as ServerId
-                    }
-                };
-                let server = ServerInfo {
-                    id,
-                    uuid,
-                    address,
-                    host,
-                    class,
-                    emulated,
-                    capacity_bytes,
-                    used_bytes: 0,
-                    up: true,
-                    lost: false,
-                };
-                ops.push(Op::Put {
-                    key: server_key(id),
-                    value: json(&server),
-                });
-                self.store.apply(ops).await.map_err(store_failed)?;
-                tracing::info!(id, address = %server.address, host = %server.host, class = %server.device(), "chunk server registered");
-                state.servers.insert(id, server);
-                state.last_heartbeat.insert(id, Instant::now());
+                let id = self
+                    .change(
+                        |state| {
+                            // A server that registers again (restarted) keeps its id.
+                            let existing = state.servers.values().find(|s| s.uuid == uuid);
+                            let (id, new_id) = match existing {
+                                Some(server) => (server.id, None),
+                                None => {
+                                    let id = state.last_server_id + 1;
+                                    (id as ServerId, Some(id))
+                                }
+                            };
+                            let server = ServerInfo {
+                                id,
+                                uuid,
+                                address,
+                                host,
+                                class,
+                                emulated,
+                                capacity_bytes,
+                                used_bytes: 0,
+                                up: true,
+                                lost: false,
+                            };
+                            let mut ops = vec![put(server_key(id), &server)];
+                            ops.extend(new_id.map(|n| put("counter/server".into(), &n)));
+                            Ok((ops, (server, new_id)))
+                        },
+                        |state, (server, new_id)| {
+                            tracing::info!(id = server.id, address = %server.address, host = %server.host, class = %server.device(), "chunk server registered");
+                            state.last_server_id = new_id.unwrap_or(state.last_server_id);
+                            state.last_heartbeat.insert(server.id, Instant::now());
+                            let id = server.id;
+                            state.servers.insert(id, server);
+                            id
+                        },
+                    )
+                    .await?;
                 Ok(ControlResponse::Registered { id })
             }
             ControlRequest::Heartbeat {
@@ -284,12 +335,11 @@ impl Master {
                 journal_used_bytes,
                 journal_quota_bytes,
             } => {
-                let Some(server) = state.servers.get_mut(&id) else {
-                    return Err((
-                        Status::NotFound,
-                        format!("chunk server {id} is not registered"),
-                    ));
-                };
+                let mut state = self.state();
+                let server = state
+                    .servers
+                    .get_mut(&id)
+                    .ok_or_else(|| not_registered(id))?;
                 server.used_bytes = used_bytes;
                 server.up = true;
                 state.last_heartbeat.insert(id, Instant::now());
@@ -307,11 +357,12 @@ impl Master {
                         .collect(),
                 })
             }
-            ControlRequest::CreateVolume(spec) => self.create_volume(&mut state, spec).await,
+            ControlRequest::CreateVolume(spec) => self.create_volume(spec).await,
             ControlRequest::ListVolumes => Ok(ControlResponse::Volumes {
-                volumes: state.volume_list(),
+                volumes: self.state().volume_list(),
             }),
             ControlRequest::GetVolumeMap { name } => {
+                let state = self.state();
                 let volume = state.volume(&name)?;
                 let chunks = state
                     .chunks
@@ -327,106 +378,102 @@ impl Master {
                 }))
             }
             ControlRequest::ResizeVolume { name, size_bytes } => {
-                let mut volume = state.volume(&name)?;
-                if size_bytes < volume.spec.size_bytes {
-                    return Err((
-                        Status::BadRequest,
-                        format!(
-                            "volume {name} is {} bytes; shrinking is not supported (it would discard data)",
-                            volume.spec.size_bytes
-                        ),
-                    ));
-                }
-                volume.spec.size_bytes = size_bytes;
-                volume
-                    .spec
-                    .validate()
-                    .map_err(|e| (Status::BadRequest, e))?;
-                self.put_volume(&mut state, volume.clone()).await?;
+                let volume = self
+                    .put_volume(|state| {
+                        let mut volume = state.volume(&name)?;
+                        if size_bytes < volume.spec.size_bytes {
+                            return Err((
+                                Status::BadRequest,
+                                format!(
+                                    "volume {name} is {} bytes; shrinking is not supported (it would discard data)",
+                                    volume.spec.size_bytes
+                                ),
+                            ));
+                        }
+                        volume.spec.size_bytes = size_bytes;
+                        volume
+                            .spec
+                            .validate()
+                            .map_err(|e| (Status::BadRequest, e))?;
+                        Ok(volume)
+                    })
+                    .await?;
                 Ok(ControlResponse::Volume(volume))
             }
             ControlRequest::SetQos {
                 name,
                 iops,
                 bytes_per_second,
-            } => {
-                self.set_qos(&mut state, &name, iops, bytes_per_second)
-                    .await
-            }
+            } => self.set_qos(&name, iops, bytes_per_second).await,
             ControlRequest::DeleteVolume { name } => {
-                let volume = state.volume(&name)?;
-                self.store
-                    .apply(vec![
-                        Op::Delete {
-                            key: format!("volume/{name}"),
-                        },
-                        Op::DeletePrefix {
-                            prefix: format!("chunk/{:016x}/", volume.id),
-                        },
-                        Op::Delete {
-                            key: lease_key(volume.id),
-                        },
-                        Op::Put {
-                            key: format!("deleted/{:016x}", volume.id),
-                            value: Vec::new(),
-                        },
-                    ])
-                    .await
-                    .map_err(store_failed)?;
-                state.volumes.remove(&name);
-                state.chunks.remove(&volume.id);
-                state.leases.remove(&volume.id);
-                state.deleted_volumes.push(volume.id);
-                tracing::info!(%name, "volume deleted");
+                self.change(
+                    |state| {
+                        let volume = state.volume(&name)?;
+                        let ops = vec![
+                            Op::Delete {
+                                key: format!("volume/{name}"),
+                            },
+                            Op::DeletePrefix {
+                                prefix: format!("chunk/{:016x}/", volume.id),
+                            },
+                            Op::Delete {
+                                key: lease_key(volume.id),
+                            },
+                            Op::Put {
+                                key: format!("deleted/{:016x}", volume.id),
+                                value: Vec::new(),
+                            },
+                        ];
+                        Ok((ops, volume.id))
+                    },
+                    |state, id| {
+                        state.volumes.remove(&name);
+                        state.chunks.remove(&id);
+                        state.leases.remove(&id);
+                        state.deleted_volumes.push(id);
+                        tracing::info!(%name, "volume deleted");
+                    },
+                )
+                .await?;
                 Ok(ControlResponse::Done)
             }
             ControlRequest::AllocateChunk {
                 volume_id,
                 index,
                 proposal,
-            } => {
-                self.allocate_chunk(&mut state, volume_id, index, proposal)
-                    .await
-            }
+            } => self.allocate_chunk(volume_id, index, proposal).await,
             request @ (ControlRequest::GetClusterMap
             | ControlRequest::ExpandCluster { .. }
             | ControlRequest::RemapPg { .. }
             | ControlRequest::ShrinkLayer { .. }
-            | ControlRequest::MergeLayers { .. }) => self.map_request(&mut state, request).await,
-            ControlRequest::Status => Ok(ControlResponse::Status(Box::new(ClusterStatus {
-                servers: state.servers.values().cloned().collect(),
-                volumes: state.volume_list(),
-                recovery: self.recovery.status(&state),
-                rebalance: recovery::rebalance_status(self, &state),
-                qos: state.qos_status(),
-            }))),
+            | ControlRequest::MergeLayers { .. }) => self.map_request(request).await,
+            ControlRequest::Status => {
+                let state = self.state();
+                Ok(ControlResponse::Status(Box::new(ClusterStatus {
+                    servers: state.servers.values().cloned().collect(),
+                    volumes: state.volume_list(),
+                    recovery: self.recovery.status(&state),
+                    rebalance: recovery::rebalance_status(self, &state),
+                    qos: state.qos_status(),
+                })))
+            }
             ControlRequest::AcquireLease { name, holder } => {
-                self.acquire_lease(&mut state, &name, holder).await
+                self.acquire_lease(&name, holder).await
             }
             ControlRequest::RenewLease { name, generation } => {
-                let volume = state.volume(&name)?;
-                match state.leases.get_mut(&volume.id) {
-                    Some(lease) if lease.generation == generation => {
-                        lease.expires = Some(Instant::now() + LEASE_TERM);
-                        Ok(ControlResponse::Lease {
-                            generation,
-                            term_ms: LEASE_TERM.as_millis() as u64,
-                            limits: state.limits(&volume).0,
-                        })
-                    }
-                    other => Err((
-                        Status::Fenced,
-                        format!(
-                            "the lease of volume {name} (generation {generation}) was lost{}",
-                            other.map_or(String::new(), |l| format!(
-                                " to {} (generation {})",
-                                l.holder, l.generation
-                            ))
-                        ),
-                    )),
+                if let Some(reply) = self.state().renew_lease(&name, generation) {
+                    return reply;
                 }
+                // A new lease of this volume is being stored: renewing the old one
+                // meanwhile would let two holders believe they hold it. Changes wait
+                // for none, so once they are ours the grant has finished.
+                let _serial = self.changes.lock().await;
+                self.state()
+                    .renew_lease(&name, generation)
+                    .expect("no lease grant is in flight while changes are held")
             }
             ControlRequest::ReleaseLease { name, generation } => {
+                let mut state = self.state();
                 let volume = state.volume(&name)?;
                 if let Some(lease) = state.leases.get_mut(&volume.id) {
                     if lease.generation == generation {
@@ -443,58 +490,77 @@ impl Master {
                 index,
                 server,
             } => {
-                let Some(mut placement) = state.placement(volume_id, index) else {
-                    return Err((
-                        Status::NotFound,
-                        format!("chunk {volume_id}/{index} is not allocated"),
-                    ));
-                };
-                if placement.replicas.contains(&server) && !placement.stale.contains(&server) {
-                    placement.stale.push(server);
-                    tracing::warn!(
-                        volume_id,
-                        index,
-                        server,
-                        "replica reported lagging: marked stale"
-                    );
-                    self.put_placement(&mut state, volume_id, placement.clone())
-                        .await?;
-                }
+                let placement = self
+                    .change(
+                        |state| {
+                            let Some(mut placement) = state.placement(volume_id, index) else {
+                                return Err((
+                                    Status::NotFound,
+                                    format!("chunk {volume_id}/{index} is not allocated"),
+                                ));
+                            };
+                            if !placement.replicas.contains(&server)
+                                || placement.stale.contains(&server)
+                            {
+                                return Ok((Vec::new(), None));
+                            }
+                            placement.stale.push(server);
+                            Ok((vec![chunk_op(volume_id, &placement)], Some(placement)))
+                        },
+                        |state, marked| {
+                            if let Some(placement) = marked {
+                                tracing::warn!(
+                                    volume_id,
+                                    index,
+                                    server,
+                                    "replica reported lagging: marked stale"
+                                );
+                                state.insert_placement(volume_id, placement);
+                            }
+                            state.placement(volume_id, index).expect("checked above")
+                        },
+                    )
+                    .await?;
                 Ok(ControlResponse::Chunk {
-                    servers: state.servers_of(&placement),
+                    servers: self.state().servers_of(&placement),
                     placement,
                 })
             }
             ControlRequest::MarkLost { id } => {
-                let Some(mut server) = state.servers.get(&id).cloned() else {
-                    return Err((
-                        Status::NotFound,
-                        format!("chunk server {id} is not registered"),
-                    ));
-                };
-                if server.up {
-                    return Err((
-                        Status::BadRequest,
-                        format!("chunk server {id} is up (heartbeating); only a failed server can be marked lost"),
-                    ));
-                }
-                server.lost = true;
-                self.store
-                    .apply(vec![Op::Put {
-                        key: server_key(id),
-                        value: json(&server),
-                    }])
-                    .await
-                    .map_err(store_failed)?;
-                tracing::warn!(id, "chunk server marked lost by an operator");
-                state.servers.insert(id, server);
-                // Out of the map: CRUSH places its share elsewhere for good.
-                if state.map.placer.contains(id) && !state.map.map.out.contains(&id) {
-                    self.change_map(&mut state, |map| map.out.push(id)).await?;
-                }
+                self.change(
+                    |state| {
+                        let mut server = state.servers.get(&id).cloned().ok_or_else(|| not_registered(id))?;
+                        if server.up {
+                            return Err((
+                                Status::BadRequest,
+                                format!("chunk server {id} is up (heartbeating); only a failed server can be marked lost"),
+                            ));
+                        }
+                        server.lost = true;
+                        let mut ops = vec![put(server_key(id), &server)];
+                        // Out of the map: CRUSH places its share elsewhere for good.
+                        let map = if state.map.placer.contains(id) && !state.map.map.out.contains(&id) {
+                            let map = state.next_map(|map| map.out.push(id))?;
+                            ops.push(map.op());
+                            Some(map)
+                        } else {
+                            None
+                        };
+                        Ok((ops, map))
+                    },
+                    |state, map| {
+                        tracing::warn!(id, "chunk server marked lost by an operator");
+                        if let Some(server) = state.servers.get_mut(&id) {
+                            server.lost = true;
+                        }
+                        if let Some(map) = map {
+                            state.set_map(map);
+                        }
+                    },
+                )
+                .await?;
                 Ok(ControlResponse::Done)
             }
-            ControlRequest::Scrub { .. } => unreachable!("handled above"),
             ControlRequest::ChunkInfo { .. }
             | ControlRequest::SetView { .. }
             | ControlRequest::LogSince { .. }
@@ -508,13 +574,209 @@ impl Master {
         }
     }
 
-    async fn acquire_lease(&self, state: &mut State, name: &str, holder: String) -> Reply {
-        let volume = state.volume(name)?;
+    async fn acquire_lease(&self, name: &str, holder: String) -> Reply {
+        let _serial = self.changes.lock().await;
+        let (volume, lease) = {
+            let mut state = self.state();
+            let granted = state.grant_lease(name, holder)?;
+            state.lease_in_flight = Some(granted.0.id);
+            granted
+        };
+        let stored = self
+            .store(vec![
+                put("counter/lease".into(), &(lease.generation as u64)),
+                put(lease_key(volume.id), &lease),
+            ])
+            .await;
+        let mut state = self.state();
+        state.lease_in_flight = None;
+        stored?;
+        let generation = lease.generation;
+        state.last_lease = generation as u64;
+        tracing::info!(volume = %name, generation, holder = %lease.holder, "lease granted");
+        // The term runs from now, when the grant is stored: never shorter than the
+        // holder, which counts from its request, believes.
+        state.leases.insert(
+            volume.id,
+            Lease {
+                expires: Some(Instant::now() + LEASE_TERM),
+                ..lease
+            },
+        );
+        Ok(ControlResponse::Lease {
+            generation,
+            term_ms: LEASE_TERM.as_millis() as u64,
+            limits: state.limits(&volume).0,
+        })
+    }
+
+    /// Stores the volume `decide` returns, then updates the in-memory copy.
+    pub(crate) async fn put_volume(
+        &self,
+        decide: impl FnOnce(&State) -> Result<Volume, Failure>,
+    ) -> Result<Volume, Failure> {
+        self.change(
+            |state| {
+                let volume = decide(state)?;
+                let op = put(format!("volume/{}", volume.spec.name), &volume);
+                Ok((vec![op], volume))
+            },
+            |state, volume| {
+                state
+                    .volumes
+                    .insert(volume.spec.name.clone(), volume.clone());
+                volume
+            },
+        )
+        .await
+    }
+
+    async fn create_volume(&self, spec: VolumeSpec) -> Reply {
+        spec.validate().map_err(|e| (Status::BadRequest, e))?;
+        let volume = self
+            .change(
+                |state| {
+                    if state.volumes.contains_key(&spec.name) {
+                        return Err((
+                            Status::AlreadyExists,
+                            format!("volume {} already exists", spec.name),
+                        ));
+                    }
+                    let hosts = state.live_hosts();
+                    if hosts < spec.replicas as usize {
+                        return Err((
+                            Status::NoSpace,
+                            format!(
+                                "{} replicas need {} hosts with live chunk servers; {hosts} are up",
+                                spec.replicas, spec.replicas
+                            ),
+                        ));
+                    }
+                    let id = state.last_volume_id + 1;
+                    let volume = Volume {
+                        id,
+                        spec,
+                        chunks_allocated: 0,
+                        qos: Default::default(),
+                    };
+                    let ops = vec![
+                        put("counter/volume".into(), &id),
+                        put(format!("volume/{}", volume.spec.name), &volume),
+                    ];
+                    Ok((ops, volume))
+                },
+                |state, volume| {
+                    state.last_volume_id = volume.id;
+                    state
+                        .volumes
+                        .insert(volume.spec.name.clone(), volume.clone());
+                    tracing::info!(name = %volume.spec.name, size = volume.spec.size_bytes, "volume created");
+                    volume
+                },
+            )
+            .await?;
+        Ok(ControlResponse::Volume(volume))
+    }
+
+    async fn allocate_chunk(
+        &self,
+        volume_id: u64,
+        index: u64,
+        proposal: Option<Proposal>,
+    ) -> Reply {
+        // The first chunk of a cluster puts every registered server into the map.
+        if self.state().map.map.epoch == 0 {
+            self.bootstrap_map().await?;
+        }
+        let placement = self
+            .change(
+                |state| {
+                    let Some(volume) = state.volumes.values().find(|v| v.id == volume_id) else {
+                        return Err((
+                            Status::NotFound,
+                            format!("volume id {volume_id} does not exist"),
+                        ));
+                    };
+                    if index >= volume.spec.chunk_count() {
+                        return Err((
+                            Status::BadRequest,
+                            format!(
+                                "chunk {index} is past the end of volume {}",
+                                volume.spec.name
+                            ),
+                        ));
+                    }
+                    // Allocation is idempotent: writers race for a chunk's first write.
+                    if let Some(placement) = state.placement(volume_id, index) {
+                        return Ok((Vec::new(), (placement, false)));
+                    }
+                    let layer = state.map.placer.newest_layer().ok_or((
+                        Status::NoSpace,
+                        "every layer of the cluster map was shrunk away".to_string(),
+                    ))?;
+                    let mut placement = ChunkPlacement {
+                        index,
+                        replicas: Vec::new(),
+                        view: 0,
+                        stale: Vec::new(),
+                        layer,
+                    };
+                    placement.replicas = state.desired(volume_id, &placement)?;
+                    // A writer on the same epoch computes the same; one that differs
+                    // holds an older map (or saw other servers down) and refreshes it.
+                    if let Some(p) = proposal.filter(|p| p.epoch == state.map.map.epoch) {
+                        if (p.layer, &p.replicas) != (layer, &placement.replicas) {
+                            tracing::debug!(
+                                volume_id,
+                                index,
+                                ?p,
+                                ?placement,
+                                "writer placed the chunk differently"
+                            );
+                        }
+                    }
+                    Ok((vec![chunk_op(volume_id, &placement)], (placement, true)))
+                },
+                |state, (placement, new)| {
+                    if new {
+                        state.insert_placement(volume_id, placement.clone());
+                    }
+                    placement
+                },
+            )
+            .await?;
+        Ok(ControlResponse::Chunk {
+            servers: self.state().servers_of(&placement),
+            placement,
+        })
+    }
+}
+
+/// Stores a chunk's placement.
+pub(crate) fn chunk_op(volume_id: u64, placement: &ChunkPlacement) -> Op {
+    put(chunk_key(volume_id, placement.index), placement)
+}
+
+impl State {
+    pub(crate) fn refresh_liveness(&mut self) {
         let now = Instant::now();
-        if let Some(lease) = state.leases.get(&volume.id) {
+        for server in self.servers.values_mut() {
+            server.up = self
+                .last_heartbeat
+                .get(&server.id)
+                .is_some_and(|t| now.duration_since(*t) < HEARTBEAT_TIMEOUT);
+        }
+    }
+
+    /// A new lease of volume `name` for `holder`, unless another holder's is alive.
+    fn grant_lease(&self, name: &str, holder: String) -> Result<(Volume, Lease), Failure> {
+        let volume = self.volume(name)?;
+        if let Some(lease) = self.leases.get(&volume.id) {
             // The same gateway process may take its own lease again: it reopened the
             // volume after closing it, and the new generation fences the old stack.
-            let alive = lease.expires.and_then(|e| e.checked_duration_since(now));
+            let alive = lease
+                .expires
+                .and_then(|e| e.checked_duration_since(Instant::now()));
             if let Some(left) = alive.filter(|_| lease.holder != holder) {
                 return Err((
                     Status::Busy,
@@ -527,196 +789,57 @@ impl Master {
                 ));
             }
         }
-        let generation = state.last_lease + 1;
+        let generation = self.last_lease + 1;
         if generation > u32::MAX as u64 {
             return Err((Status::Io, "lease generations exhausted".into()));
         }
         let lease = Lease {
             generation: generation as u32,
             holder,
-            expires: Some(now + LEASE_TERM),
+            expires: None,
         };
-        self.store
-            .apply(vec![
-                Op::Put {
-                    key: "counter/lease".into(),
-                    value: json(&generation),
-                },
-                Op::Put {
-                    key: lease_key(volume.id),
-                    value: json(&lease),
-                },
-            ])
-            .await
-            .map_err(store_failed)?;
-        state.last_lease = generation;
-        tracing::info!(volume = %name, generation, holder = %lease.holder, "lease granted");
-        state.leases.insert(volume.id, lease);
-        Ok(ControlResponse::Lease {
-            generation: generation as u32,
-            term_ms: LEASE_TERM.as_millis() as u64,
-            limits: state.limits(&volume).0,
+        Ok((volume, lease))
+    }
+
+    /// Extends the term of `name`'s lease at `generation`; `None` while a new lease of
+    /// the volume is being stored.
+    fn renew_lease(&mut self, name: &str, generation: u32) -> Option<Reply> {
+        let volume = match self.volume(name) {
+            Ok(volume) => volume,
+            Err(e) => return Some(Err(e)),
+        };
+        if self.lease_in_flight == Some(volume.id) {
+            return None;
+        }
+        Some(match self.leases.get_mut(&volume.id) {
+            Some(lease) if lease.generation == generation => {
+                lease.expires = Some(Instant::now() + LEASE_TERM);
+                Ok(ControlResponse::Lease {
+                    generation,
+                    term_ms: LEASE_TERM.as_millis() as u64,
+                    limits: self.limits(&volume).0,
+                })
+            }
+            other => Err((
+                Status::Fenced,
+                format!(
+                    "the lease of volume {name} (generation {generation}) was lost{}",
+                    other.map_or(String::new(), |l| format!(
+                        " to {} (generation {})",
+                        l.holder, l.generation
+                    ))
+                ),
+            )),
         })
     }
 
-    /// Stores a volume, then updates the in-memory copy.
-    pub(crate) async fn put_volume(
-        &self,
-        state: &mut State,
-        volume: Volume,
-    ) -> Result<(), (Status, String)> {
-        self.store
-            .apply(vec![Op::Put {
-                key: format!("volume/{}", volume.spec.name),
-                value: json(&volume),
-            }])
-            .await
-            .map_err(store_failed)?;
-        state.volumes.insert(volume.spec.name.clone(), volume);
-        Ok(())
-    }
-
-    /// Stores a chunk's placement, then updates the in-memory copy.
-    pub(crate) async fn put_placement(
-        &self,
-        state: &mut State,
-        volume_id: u64,
-        placement: ChunkPlacement,
-    ) -> Result<(), (Status, String)> {
-        self.store
-            .apply(vec![Op::Put {
-                key: chunk_key(volume_id, placement.index),
-                value: json(&placement),
-            }])
-            .await
-            .map_err(store_failed)?;
-        state
-            .chunks
+    /// Records a stored placement in memory.
+    pub(crate) fn insert_placement(&mut self, volume_id: u64, placement: ChunkPlacement) {
+        self.chunks
             .entry(volume_id)
             .or_default()
             .insert(placement.index, placement);
-        state.placement_changes += 1;
-        Ok(())
-    }
-
-    async fn create_volume(&self, state: &mut State, spec: VolumeSpec) -> Reply {
-        spec.validate().map_err(|e| (Status::BadRequest, e))?;
-        if state.volumes.contains_key(&spec.name) {
-            return Err((
-                Status::AlreadyExists,
-                format!("volume {} already exists", spec.name),
-            ));
-        }
-        let hosts = state.live_hosts();
-        if hosts < spec.replicas as usize {
-            return Err((
-                Status::NoSpace,
-                format!(
-                    "{} replicas need {} hosts with live chunk servers; {hosts} are up",
-                    spec.replicas, spec.replicas
-                ),
-            ));
-        }
-        let id = state.last_volume_id + 1;
-        let volume = Volume {
-            id,
-            spec,
-            chunks_allocated: 0,
-            qos: Default::default(),
-        };
-        self.store
-            .apply(vec![
-                Op::Put {
-                    key: "counter/volume".into(),
-                    value: json(&id),
-                },
-                Op::Put {
-                    key: format!("volume/{}", volume.spec.name),
-                    value: json(&volume),
-                },
-            ])
-            .await
-            .map_err(store_failed)?;
-        state.last_volume_id = id;
-        state
-            .volumes
-            .insert(volume.spec.name.clone(), volume.clone());
-        tracing::info!(name = %volume.spec.name, size = volume.spec.size_bytes, "volume created");
-        Ok(ControlResponse::Volume(volume))
-    }
-
-    async fn allocate_chunk(
-        &self,
-        state: &mut State,
-        volume_id: u64,
-        index: u64,
-        proposal: Option<Proposal>,
-    ) -> Reply {
-        let Some(volume) = state.volumes.values().find(|v| v.id == volume_id).cloned() else {
-            return Err((
-                Status::NotFound,
-                format!("volume id {volume_id} does not exist"),
-            ));
-        };
-        if index >= volume.spec.chunk_count() {
-            return Err((
-                Status::BadRequest,
-                format!(
-                    "chunk {index} is past the end of volume {}",
-                    volume.spec.name
-                ),
-            ));
-        }
-        let placement = match state.placement(volume_id, index) {
-            Some(placement) => placement,
-            None => {
-                self.bootstrap_map(state).await?;
-                let layer = state.map.placer.newest_layer().ok_or((
-                    Status::NoSpace,
-                    "every layer of the cluster map was shrunk away".to_string(),
-                ))?;
-                let mut placement = ChunkPlacement {
-                    index,
-                    replicas: Vec::new(),
-                    view: 0,
-                    stale: Vec::new(),
-                    layer,
-                };
-                placement.replicas = state.desired(volume_id, &placement)?;
-                // A writer on the same epoch computes the same; one that differs holds
-                // an older map (or saw other servers down) and refreshes it.
-                if let Some(p) = proposal.filter(|p| p.epoch == state.map.map.epoch) {
-                    if (p.layer, &p.replicas) != (layer, &placement.replicas) {
-                        tracing::debug!(
-                            volume_id,
-                            index,
-                            ?p,
-                            ?placement,
-                            "writer placed the chunk differently"
-                        );
-                    }
-                }
-                self.put_placement(state, volume_id, placement.clone())
-                    .await?;
-                placement
-            }
-        };
-        Ok(ControlResponse::Chunk {
-            servers: state.servers_of(&placement),
-            placement,
-        })
-    }
-}
-
-impl State {
-    pub(crate) fn refresh_liveness(&mut self) {
-        let now = Instant::now();
-        for server in self.servers.values_mut() {
-            server.up = self
-                .last_heartbeat
-                .get(&server.id)
-                .is_some_and(|t| now.duration_since(*t) < HEARTBEAT_TIMEOUT);
-        }
+        self.placement_changes += 1;
     }
 
     /// Where an allocated chunk's replicas are.

@@ -24,7 +24,7 @@
 //! failed servers lost (`floe chunkserver mark-lost`); lost replicas then no longer
 //! count towards the majority.
 
-use crate::{Master, State};
+use crate::{chunk_op, Master, State};
 use floe_protocol::connection::CallError;
 use floe_protocol::{
     ChunkId, ChunkPlacement, ControlRequest, ControlResponse, RebalanceStatus, RecoveryStatus,
@@ -244,8 +244,7 @@ pub async fn run(master: Arc<Master>) {
     loop {
         tick.tick().await;
         let jobs: Vec<(Kind, (u64, u64))> = {
-            let mut state = master.state.lock().await;
-            state.refresh_liveness();
+            let state = master.state();
             let busy: HashSet<(u64, u64)> = [&master.recovery, &master.moves]
                 .iter()
                 .flat_map(|p| p.counters.lock().unwrap().in_progress.clone())
@@ -408,7 +407,7 @@ async fn recover(
 ) -> Result<Copied, Failure> {
     let chunk = ChunkId { volume_id, index };
     let (placement, servers, new_set) = {
-        let state = master.state.lock().await;
+        let state = master.state();
         let placement = state
             .placement(volume_id, index)
             .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
@@ -536,26 +535,26 @@ async fn recover(
     }
 
     // 4. Store the new replica set and view.
-    let mut state = master.state.lock().await;
-    let current = state
-        .placement(volume_id, index)
-        .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
-    if current.replicas != placement.replicas {
-        return Err((Status::Unavailable, "placement changed meanwhile".into()));
-    }
     master
-        .put_placement(
-            &mut state,
-            volume_id,
-            ChunkPlacement {
-                replicas: new_set.clone(),
-                view,
-                stale: Vec::new(),
-                ..placement.clone()
+        .change(
+            |state| {
+                let current = state
+                    .placement(volume_id, index)
+                    .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
+                if current.replicas != placement.replicas {
+                    return Err((Status::Unavailable, "placement changed meanwhile".into()));
+                }
+                let next = ChunkPlacement {
+                    replicas: new_set.clone(),
+                    view,
+                    stale: Vec::new(),
+                    ..placement.clone()
+                };
+                Ok((vec![chunk_op(volume_id, &next)], next))
             },
+            |state, next| state.insert_placement(volume_id, next),
         )
         .await?;
-    drop(state);
     tracing::info!(
         volume_id,
         index,
@@ -592,8 +591,7 @@ async fn recover(
 pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Failure> {
     const SETTLE_ATTEMPTS: u32 = 20;
     let (volume, placements, servers) = {
-        let mut state = master.state.lock().await;
-        state.refresh_liveness();
+        let state = master.state();
         let volume = state.volume(name)?;
         let placements: Vec<ChunkPlacement> = state
             .chunks
