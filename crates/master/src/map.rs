@@ -7,7 +7,8 @@
 //! layer: nothing existing moves), except when the map is still empty: the first
 //! chunk allocation puts every registered server into layer 0.
 
-use crate::{json, Failure, Master, Reply, State};
+use crate::state::{put, State};
+use crate::{Failure, Master, Reply};
 use floe_metadata::Op;
 use floe_placement::cluster::Placer;
 use floe_protocol::{
@@ -104,10 +105,7 @@ impl State {
 impl MapState {
     /// Stores the map.
     pub(crate) fn op(&self) -> Op {
-        Op::Put {
-            key: MAP_KEY.into(),
-            value: json(&self.map),
-        }
+        put(MAP_KEY.into(), &self.map)
     }
 }
 
@@ -167,6 +165,15 @@ impl Master {
         .await
     }
 
+    /// `change`, which only layers have (`what` names it for the error).
+    async fn change_mapx(&self, what: &str, change: MapChange) -> Result<(), Failure> {
+        self.change_map(|state| {
+            state.mapx_only(what)?;
+            Ok(Some(change))
+        })
+        .await
+    }
+
     /// Puts every registered server into the first layer, once.
     pub(crate) async fn bootstrap_map(&self) -> Result<(), Failure> {
         self.change_map(|state| {
@@ -214,25 +221,16 @@ impl Master {
                 .await?;
             }
             ControlRequest::RemapPg { pg, layer } => {
-                self.change_map(|state| {
-                    state.mapx_only("pg remap")?;
-                    Ok(Some(MapChange::Remap { pg, layer }))
-                })
-                .await?;
+                self.change_mapx("pg remap", MapChange::Remap { pg, layer })
+                    .await?
             }
             ControlRequest::ShrinkLayer { layer } => {
-                self.change_map(|state| {
-                    state.mapx_only("layer shrink")?;
-                    Ok(Some(MapChange::Shrink { layer }))
-                })
-                .await?;
+                self.change_mapx("layer shrink", MapChange::Shrink { layer })
+                    .await?
             }
             ControlRequest::MergeLayers { a, b } => {
-                self.change_map(|state| {
-                    state.mapx_only("layer merge")?;
-                    Ok(Some(MapChange::Merge { a, b }))
-                })
-                .await?;
+                self.change_mapx("layer merge", MapChange::Merge { a, b })
+                    .await?
             }
             other => unreachable!("not a map request: {other:?}"),
         }

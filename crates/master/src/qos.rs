@@ -8,7 +8,8 @@
 //! their heartbeats: none up to [`PRESSURE_START`] of the quota, then the volume's
 //! write rate scaled down linearly to [`PRESSURE_FLOOR`] of it at a full journal.
 
-use crate::{Master, Reply, State};
+use crate::state::State;
+use crate::{Master, Reply};
 use floe_protocol::{
     ControlResponse, JournalUsage, QosLimits, QosStatus, ServerId, Status, Throttled, Volume,
     VolumeLimits,

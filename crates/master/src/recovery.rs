@@ -24,7 +24,8 @@
 //! failed servers lost (`floe chunkserver mark-lost`); lost replicas then no longer
 //! count towards the majority.
 
-use crate::{chunk_op, Master, State};
+use crate::state::{chunk_op, State};
+use crate::Master;
 use floe_protocol::connection::CallError;
 use floe_protocol::{
     ChunkId, ChunkPlacement, ControlRequest, ControlResponse, RebalanceStatus, RecoveryStatus,
