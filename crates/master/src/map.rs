@@ -8,7 +8,7 @@
 //! chunk allocation puts every registered server into layer 0.
 
 use crate::state::{put, State};
-use crate::{Failure, Master, Reply};
+use crate::{recovery, Failure, Master, Reply};
 use floe_metadata::Op;
 use floe_placement::cluster::Placer;
 use floe_protocol::{
@@ -85,20 +85,12 @@ impl State {
             .values()
             .find(|v| v.id == volume_id)
             .ok_or((Status::NotFound, format!("volume id {volume_id} is gone")))?;
-        let unavailable = |id: ServerId| self.servers.get(&id).is_none_or(|s| !s.up || s.lost);
-        self.map
-            .placer
-            .place(
-                ChunkId {
-                    volume_id,
-                    index: placement.index,
-                },
-                placement.layer,
-                volume.spec.mode,
-                volume.spec.replicas as usize,
-                &unavailable,
-            )
-            .map_err(|e| (Status::NoSpace, e.to_string()))
+        let chunk = ChunkId {
+            volume_id,
+            index: placement.index,
+        };
+        let placer = &self.map.placer;
+        recovery::desired(placer, &self.servers, chunk, placement.layer, &volume.spec)
     }
 }
 
