@@ -118,6 +118,12 @@ impl Master {
         state.lease_in_flight = None;
         stored?;
         let generation = lease.generation;
+        // Generations fence older writers: one handed out again would let two write.
+        assert!(
+            generation as u64 > state.last_lease,
+            "lease generation {generation} handed out after {}",
+            state.last_lease
+        );
         state.last_lease = generation as u64;
         tracing::info!(volume = %name, generation, holder = %lease.holder, "lease granted");
         // The term runs from now, when the grant is stored: never shorter than the

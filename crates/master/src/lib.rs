@@ -234,6 +234,14 @@ pub async fn run(listener: TcpListener, metadata: &str, settings: Settings) -> R
     let store = floe_metadata::open(metadata)
         .await
         .map_err(|e| e.to_string())?;
+    // A violated invariant (a panic in any task) stops the process: serving on from
+    // a state it cannot trust would spread the damage to the metadata store and the
+    // replicas. Only here, in the master's own process; tests see the panic itself.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |panic| {
+        report(panic);
+        std::process::abort();
+    }));
     let master = start(store, settings, ConnectionPool::default()).await?;
     tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, %metadata, "master serving");
     server::serve(listener, master)

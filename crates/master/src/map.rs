@@ -119,6 +119,13 @@ impl State {
 
     /// Takes a stored map.
     pub(crate) fn set_map(&mut self, next: MapState) {
+        // Gateways and chunk servers keep the map with the highest epoch they saw.
+        assert!(
+            next.map.epoch > self.map.map.epoch,
+            "cluster map epoch {} stored over epoch {}",
+            next.map.epoch,
+            self.map.map.epoch
+        );
         tracing::info!(epoch = next.map.epoch, change = ?next.map.changes.last(), "cluster map changed");
         self.map = next;
     }

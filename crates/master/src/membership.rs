@@ -86,7 +86,14 @@ impl Master {
                 },
                 |state, (server, new_id)| {
                     tracing::info!(id = server.id, address = %server.address, host = %server.host, class = %server.device(), "chunk server registered");
-                    state.last_server_id = new_id.unwrap_or(state.last_server_id);
+                    if let Some(id) = new_id {
+                        assert!(
+                            id > state.last_server_id,
+                            "server id {id} handed out after {}",
+                            state.last_server_id
+                        );
+                        state.last_server_id = id;
+                    }
                     state.last_heartbeat.insert(server.id, Instant::now());
                     let id = server.id;
                     state.servers.insert(id, server);

@@ -162,11 +162,65 @@ impl State {
 
     /// Records a stored placement in memory.
     pub(crate) fn insert_placement(&mut self, volume_id: u64, placement: ChunkPlacement) {
+        let old = self.placement(volume_id, placement.index);
+        let chunk = format!("chunk {volume_id}/{}", placement.index);
+        if let Some(old) = &old {
+            // Replicas refuse older views: a view that went back would let replicas
+            // replaced since serve again.
+            assert!(
+                placement.view >= old.view,
+                "{chunk}: view {} stored over view {}",
+                placement.view,
+                old.view
+            );
+            assert!(
+                placement.replicas == old.replicas || placement.view > old.view,
+                "{chunk}: replica set {:?} stored over {:?} without a view change (view {})",
+                placement.replicas,
+                old.replicas,
+                old.view
+            );
+        }
+        assert!(
+            placement
+                .stale
+                .iter()
+                .all(|id| placement.replicas.contains(id)),
+            "{chunk}: stale replicas {:?} outside the set {:?}",
+            placement.stale,
+            placement.replicas
+        );
+        if old.is_none_or(|old| old.replicas != placement.replicas) {
+            self.assert_on_distinct_hosts(&chunk, &placement.replicas);
+        }
         self.chunks
             .entry(volume_id)
             .or_default()
             .insert(placement.index, placement);
         self.placement_changes += 1;
+    }
+
+    /// A replica set the map just chose is on distinct hosts, as the map knows them
+    /// (a server that registers again from another host keeps its old one there).
+    fn assert_on_distinct_hosts(&self, chunk: &str, replicas: &[ServerId]) {
+        let devices: Vec<_> = self.map.map.devices().collect();
+        let mut hosts: Vec<&str> = replicas
+            .iter()
+            .map(|id| {
+                let device = devices.iter().find(|d| d.id == *id);
+                let device = device.unwrap_or_else(|| {
+                    panic!("{chunk}: replica on server {id}, which the cluster map lacks")
+                });
+                device.host.as_str()
+            })
+            .collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        assert_eq!(
+            hosts.len(),
+            replicas.len(),
+            "{chunk}: replicas {replicas:?} share a host"
+        );
     }
 
     /// Where an allocated chunk's replicas are.

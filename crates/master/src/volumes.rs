@@ -42,6 +42,12 @@ impl Master {
                     Ok((ops, volume))
                 },
                 |state, volume| {
+                    assert!(
+                        volume.id > state.last_volume_id,
+                        "volume id {} handed out after {}",
+                        volume.id,
+                        state.last_volume_id
+                    );
                     state.last_volume_id = volume.id;
                     state
                         .volumes

@@ -99,7 +99,9 @@ pub(super) async fn recover(
                 let current = state
                     .placement(volume_id, index)
                     .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
-                if current.replicas != placement.replicas {
+                // Another view change (or a map move) got there first: this one's
+                // view is no longer the next.
+                if (&current.replicas, current.view) != (&placement.replicas, placement.view) {
                     return Err((Status::Unavailable, "placement changed meanwhile".into()));
                 }
                 Ok((vec![chunk_op(volume_id, &next)], next))
