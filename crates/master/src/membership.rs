@@ -1,7 +1,8 @@
 //! Chunk servers: registration, heartbeats and liveness, and `floe chunkserver
 //! mark-lost`. A server is up while its heartbeats arrive within
 //! [`HEARTBEAT_TIMEOUT`]; heartbeats take no lock a metadata write holds, so a slow
-//! store never makes a live server look down.
+//! store never makes a live server look down, and time the master itself stalled
+//! does not count against them.
 
 use crate::state::{put, server_key, State};
 use crate::{Failure, Master, Reply};
@@ -28,6 +29,17 @@ impl State {
                 .get(&server.id)
                 .is_some_and(|t| now.duration_since(*t) < HEARTBEAT_TIMEOUT);
         }
+    }
+
+    /// The master itself ran `stall` late (a paused process, an overloaded host):
+    /// heartbeats sent meanwhile may still wait in its sockets, so the stall does not
+    /// count against the servers.
+    pub(crate) fn excuse_stall(&mut self, stall: Duration) {
+        let now = Instant::now();
+        for heard in self.last_heartbeat.values_mut() {
+            *heard = (*heard + stall).min(now);
+        }
+        self.refresh_liveness();
     }
 
     pub(crate) fn live_hosts(&self) -> usize {

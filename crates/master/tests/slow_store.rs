@@ -347,3 +347,33 @@ async fn a_failed_store_write_leaves_memory_as_it_was() {
         Response::Control(ControlResponse::Lease { generation: 1, .. })
     ));
 }
+
+/// A master that stalls (its process paused, its host overloaded) finds the
+/// heartbeats sent meanwhile only afterwards: the stall is not the servers' silence.
+#[tokio::test(start_paused = true)]
+async fn a_stalled_master_declares_no_server_down() {
+    let store = SlowStore::default();
+    let peers = Arc::new(Unreachable::default());
+    let (master, ids, _) = cluster(&store, peers.clone()).await;
+    for _ in 0..3 {
+        for id in &ids {
+            control(&master, heartbeat(*id)).await;
+        }
+        tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+    }
+    // Nothing runs while the clock jumps: the master, like every task, was stopped.
+    tokio::time::advance(HEARTBEAT_TIMEOUT * 2).await;
+    // The master's overdue scan runs first; the heartbeats that waited come after.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let status = status(&master).await;
+    assert!(status.servers.iter().all(|s| s.up), "{:?}", status.servers);
+    for id in &ids {
+        control(&master, heartbeat(*id)).await;
+    }
+    tokio::time::sleep(HEARTBEAT_INTERVAL * 3).await;
+    assert_eq!(
+        peers.calls.load(Ordering::SeqCst),
+        0,
+        "the master repaired around servers that were fine"
+    );
+}

@@ -42,7 +42,7 @@ use plan::{health, Health};
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
+use tokio::time::{Instant, MissedTickBehavior};
 
 /// How hard recovery may work: it shares disks, network and CPU with client I/O.
 #[derive(Debug, Clone, Copy)]
@@ -216,10 +216,16 @@ pub(crate) fn rebalance_status(master: &Master, state: &State) -> RebalanceStatu
 /// them, forever.
 pub async fn run(master: Arc<Master>) {
     let mut tick = tokio::time::interval(SCAN_INTERVAL);
+    // After a stall, one late tick (whose lateness is the stall), not a burst.
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        let due = tick.tick().await;
         let jobs: Vec<(Kind, (u64, u64))> = {
-            let state = master.state();
+            let mut state = master.state();
+            let late = Instant::now().saturating_duration_since(due);
+            if late > SCAN_INTERVAL {
+                state.excuse_stall(late);
+            }
             let busy: HashSet<(u64, u64)> = [&master.recovery, &master.moves]
                 .iter()
                 .flat_map(|p| p.counters.lock().unwrap().in_progress.clone())
