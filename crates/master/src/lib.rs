@@ -1,74 +1,44 @@
 //! The master: cluster membership, volumes, chunk allocation, volume leases, and
-//! failure handling (see [`recovery`]). Never on the data path: a gateway asks it for
-//! a volume's map once, for a chunk's placement on the chunk's first write, and again
-//! only when a replica fails.
+//! failure handling. Never on the data path: a gateway asks it for a volume's map
+//! once, for a chunk's placement on the chunk's first write, and again only when a
+//! replica fails.
 //!
-//! State lives in the metadata store (embedded redb or etcd) under these keys, with an
-//! in-memory copy for reads:
-//! ```text
-//! server/ID               ServerInfo (JSON)
-//! volume/NAME             Volume (JSON)
-//! chunk/VOLUME/INDEX      ChunkPlacement: replicas (primary first), view, stale replicas
-//! lease/VOLUME            the volume's last lease: generation and holder
-//! deleted/VOLUME          tombstone: chunk servers drop this volume's chunks
-//! map                     the cluster map (see [`map`])
-//! counter/server, counter/volume, counter/lease   last id handed out
-//! ```
+//! Where each request is handled ([`Master::control`] dispatches):
+//! - [`membership`]: chunk servers register, heartbeat, are marked lost; liveness.
+//! - [`volumes`]: create, list, map, resize, delete; [`qos`]: rate limits.
+//! - [`chunks`]: allocation on first write, laggard reports.
+//! - [`lease`]: the single-writer lease of a volume.
+//! - [`map`]: the cluster map (expand, remap, shrink, merge).
+//! - [`status`]: `floe status`.
+//! - [`recovery`]: view changes that repair and move chunks, and scrub.
+//!
+//! [`state`] holds what the master knows and its keys in the metadata store (embedded
+//! redb or etcd). Every change is decided from the in-memory state, stored, and only
+//! then applied in memory ([`Master::change`]); reads and heartbeats never wait for
+//! the store.
 
+mod chunks;
+mod lease;
 mod map;
+mod membership;
 pub mod qos;
 pub mod recovery;
+mod state;
+mod status;
+mod volumes;
+
+pub use lease::{LEASE_DRIFT_MARGIN, LEASE_TERM};
+pub use membership::HEARTBEAT_TIMEOUT;
 
 use floe_metadata::{MetaStore, Op};
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
-    ChunkPlacement, ClusterMap, ClusterStatus, ConnectionPool, ControlRequest, ControlResponse,
-    JournalUsage, PlacementMode, Proposal, Request, Response, ServerId, ServerInfo, Status, Volume,
-    VolumeMap, VolumeSpec,
+    ConnectionPool, ControlRequest, ControlResponse, JournalUsage, PlacementMode, Request,
+    Response, Status,
 };
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-use std::time::Duration;
+use state::{store_failed, State};
+use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::net::TcpListener;
-use tokio::sync::Mutex;
-use tokio::time::Instant;
-
-/// A chunk server silent for this long is considered down.
-pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A volume lease lasts this long unless renewed; holders renew every third of it.
-pub const LEASE_TERM: Duration = Duration::from_secs(5);
-/// Another gateway gets an unreleased lease only this long after its term ran out
-/// here: the holder times its term from before it sent the renewal, so this covers
-/// clock drift and pauses between the two processes (the holder keeps a margin too).
-pub const LEASE_DRIFT_MARGIN: Duration = Duration::from_millis(500);
-
-/// A volume's single-writer lease.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Lease {
-    generation: u32,
-    holder: String,
-    #[serde(skip)]
-    expires: Option<Instant>,
-}
-
-pub(crate) struct State {
-    pub(crate) servers: BTreeMap<ServerId, ServerInfo>,
-    last_heartbeat: HashMap<ServerId, Instant>,
-    /// From heartbeats; not stored.
-    journals: HashMap<ServerId, JournalUsage>,
-    volumes: BTreeMap<String, Volume>,
-    pub(crate) chunks: HashMap<u64, BTreeMap<u64, ChunkPlacement>>,
-    /// By volume id.
-    leases: HashMap<u64, Lease>,
-    deleted_volumes: Vec<u64>,
-    last_server_id: u64,
-    last_volume_id: u64,
-    last_lease: u64,
-    map: map::MapState,
-    /// Bumped by every stored placement: cached views of the placements compare it.
-    placement_changes: u64,
-}
 
 /// How the master places chunks and how hard it may work at moving them.
 #[derive(Debug, Clone, Copy)]
@@ -93,9 +63,15 @@ impl Default for Settings {
 
 pub struct Master {
     store: Box<dyn MetaStore>,
-    /// One lock for all state: control requests are rare, and serialising them keeps
-    /// allocation and id assignment trivially race-free. Never held across calls to
-    /// chunk servers.
+    /// Serialises changes to the stored state and is held across the store write, so
+    /// each change is decided from what every earlier one left: ids, allocations and
+    /// lease generations are handed out once. Control requests that change the store
+    /// are rare; heartbeats and reads never take it.
+    changes: tokio::sync::Mutex<()>,
+    /// Everything the master knows, stored or not (heartbeats, lease terms). Held for
+    /// work in memory only, never across a store write or a call to a chunk server
+    /// (a std mutex: a guard held over an await does not compile where it is
+    /// spawned), so a slow metadata store never delays a heartbeat.
     state: Mutex<State>,
     /// Connections to chunk servers, for recovery and scrub.
     peers: ConnectionPool,
@@ -103,27 +79,8 @@ pub struct Master {
     moves: recovery::Progress,
 }
 
-pub(crate) type Reply = Result<ControlResponse, (Status, String)>;
-
-pub(crate) fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
-    serde_json::to_vec(value).expect("metadata serializes")
-}
-
-fn chunk_key(volume_id: u64, index: u64) -> String {
-    format!("chunk/{volume_id:016x}/{index:016x}")
-}
-
-fn lease_key(volume_id: u64) -> String {
-    format!("lease/{volume_id:016x}")
-}
-
-fn server_key(id: ServerId) -> String {
-    format!("server/{id:08}")
-}
-
-pub(crate) fn store_failed(e: floe_metadata::MetaError) -> (Status, String) {
-    (Status::Unavailable, e.to_string())
-}
+pub(crate) type Failure = (Status, String);
+pub(crate) type Reply = Result<ControlResponse, Failure>;
 
 impl Master {
     /// Loads the cluster state from the metadata store; calls to chunk servers go
@@ -133,639 +90,114 @@ impl Master {
         settings: Settings,
         peers: ConnectionPool,
     ) -> Result<Master, String> {
-        let corrupt =
-            |key: &str, e: serde_json::Error| format!("metadata key {key} is corrupt: {e}");
-        let mut state = State {
-            servers: BTreeMap::new(),
-            last_heartbeat: HashMap::new(),
-            journals: HashMap::new(),
-            volumes: BTreeMap::new(),
-            chunks: HashMap::new(),
-            leases: HashMap::new(),
-            deleted_volumes: Vec::new(),
-            last_server_id: 0,
-            last_volume_id: 0,
-            last_lease: 0,
-            map: map::MapState::load(None, settings.placement)?,
-            placement_changes: 0,
-        };
-        let scan = |prefix: &'static str| store.scan_prefix(prefix);
-        for (key, value) in scan("server/").await.map_err(|e| e.to_string())? {
-            let server: ServerInfo =
-                serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
-            // Every server gets a heartbeat timeout from now to check in: declaring
-            // them down at once would start repairs around servers that are fine.
-            state.last_heartbeat.insert(server.id, Instant::now());
-            state.servers.insert(server.id, server);
-        }
-        for (key, value) in scan("volume/").await.map_err(|e| e.to_string())? {
-            let volume: Volume = serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
-            state.volumes.insert(volume.spec.name.clone(), volume);
-        }
-        for (key, value) in scan("chunk/").await.map_err(|e| e.to_string())? {
-            let mut parts = key.split('/').skip(1).map(|p| u64::from_str_radix(p, 16));
-            let (Some(Ok(volume_id)), Some(Ok(index))) = (parts.next(), parts.next()) else {
-                return Err(format!("metadata key {key} is malformed"));
-            };
-            let placement: ChunkPlacement =
-                serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
-            if placement.index != index {
-                return Err(format!(
-                    "metadata key {key} holds chunk {}",
-                    placement.index
-                ));
-            }
-            state
-                .chunks
-                .entry(volume_id)
-                .or_default()
-                .insert(index, placement);
-        }
-        // A lease alive when the master stopped may still be in use: it gets a whole
-        // term from now before anyone else can take the volume.
-        for (key, value) in scan("lease/").await.map_err(|e| e.to_string())? {
-            let Ok(volume_id) = u64::from_str_radix(&key["lease/".len()..], 16) else {
-                return Err(format!("metadata key {key} is malformed"));
-            };
-            let mut lease: Lease = serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
-            lease.expires = Some(Instant::now() + LEASE_TERM);
-            state.leases.insert(volume_id, lease);
-        }
-        for (key, _) in scan("deleted/").await.map_err(|e| e.to_string())? {
-            if let Ok(id) = u64::from_str_radix(&key["deleted/".len()..], 16) {
-                state.deleted_volumes.push(id);
-            }
-        }
-        for (key, value) in scan("counter/").await.map_err(|e| e.to_string())? {
-            let n: u64 = serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
-            match key.as_str() {
-                "counter/server" => state.last_server_id = n,
-                "counter/volume" => state.last_volume_id = n,
-                "counter/lease" => state.last_lease = n,
-                _ => {}
-            }
-        }
-        if let Some(raw) = store.get(map::MAP_KEY).await.map_err(|e| e.to_string())? {
-            let stored: ClusterMap =
-                serde_json::from_slice(&raw).map_err(|e| corrupt(map::MAP_KEY, e))?;
-            state.map = map::MapState::load(Some(stored), settings.placement)?;
-        }
+        let state = State::load(store.as_ref(), settings).await?;
+        let has_chunks = !state.chunks.is_empty();
         let master = Master {
             store,
+            changes: tokio::sync::Mutex::new(()),
             state: Mutex::new(state),
             peers,
             recovery: recovery::Progress::new(settings.recovery),
             moves: recovery::Progress::new(settings.moves),
         };
         // Chunks allocated before the cluster map existed belong to its first layer.
-        let mut state = master.state.lock().await;
-        if !state.chunks.is_empty() {
-            master.bootstrap_map(&mut state).await.map_err(|(_, e)| e)?;
+        if has_chunks {
+            master.bootstrap_map().await.map_err(|(_, e)| e)?;
         }
-        drop(state);
         Ok(master)
     }
 
-    async fn control(&self, request: ControlRequest) -> Reply {
-        if let ControlRequest::Scrub { name } = request {
-            return recovery::scrub(self, &name)
-                .await
-                .map(ControlResponse::Scrub);
-        }
-        let mut state = self.state.lock().await;
+    /// The state, with liveness judged as of now.
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        let mut state = self.state.lock().unwrap();
         state.refresh_liveness();
+        state
+    }
+
+    /// Stores `ops` (none: nothing to store).
+    async fn store(&self, ops: Vec<Op>) -> Result<(), Failure> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.store.apply(ops).await.map_err(store_failed)
+    }
+
+    /// One change to the stored state: `decide` sees the state with every earlier
+    /// change applied and none in flight, and returns what to store and what `apply`
+    /// needs; `apply` updates the memory once the store has it, so a failed write
+    /// leaves the memory as it was.
+    pub(crate) async fn change<P, T>(
+        &self,
+        decide: impl FnOnce(&State) -> Result<(Vec<Op>, P), Failure>,
+        apply: impl FnOnce(&mut State, P) -> T,
+    ) -> Result<T, Failure> {
+        let _serial = self.changes.lock().await;
+        let (ops, decided) = decide(&self.state())?;
+        self.store(ops).await?;
+        Ok(apply(&mut self.state(), decided))
+    }
+
+    /// Hands each request to the module that handles it.
+    async fn control(&self, request: ControlRequest) -> Reply {
+        use ControlRequest as R;
         match request {
-            ControlRequest::Register {
-                uuid,
-                address,
-                host,
-                class,
-                emulated,
-                capacity_bytes,
-            } => {
-                let existing = state
-                    .servers
-                    .values()
-                    .find(|s| s.uuid == uuid)
-                    .map(|s| s.id);
-                let mut ops = Vec::new();
-                let id = match existing {
-                    Some(id) => id,
-                    None => {
-                        state.last_server_id += 1;
-                        ops.push(Op::Put {
-                            key: "counter/server".into(),
-                            value: json(&state.last_server_id),
-                        });
-                        state.last_server_id as ServerId
-                    }
-                };
-                let server = ServerInfo {
-                    id,
-                    uuid,
-                    address,
-                    host,
-                    class,
-                    emulated,
-                    capacity_bytes,
-                    used_bytes: 0,
-                    up: true,
-                    lost: false,
-                };
-                ops.push(Op::Put {
-                    key: server_key(id),
-                    value: json(&server),
-                });
-                self.store.apply(ops).await.map_err(store_failed)?;
-                tracing::info!(id, address = %server.address, host = %server.host, class = %server.device(), "chunk server registered");
-                state.servers.insert(id, server);
-                state.last_heartbeat.insert(id, Instant::now());
-                Ok(ControlResponse::Registered { id })
-            }
-            ControlRequest::Heartbeat {
+            request @ R::Register { .. } => self.register(request).await,
+            R::Heartbeat {
                 id,
                 used_bytes,
                 journal_used_bytes,
                 journal_quota_bytes,
             } => {
-                let Some(server) = state.servers.get_mut(&id) else {
-                    return Err((
-                        Status::NotFound,
-                        format!("chunk server {id} is not registered"),
-                    ));
-                };
-                server.used_bytes = used_bytes;
-                server.up = true;
-                state.last_heartbeat.insert(id, Instant::now());
                 let journal = JournalUsage {
                     used_bytes: journal_used_bytes,
                     quota_bytes: journal_quota_bytes,
                 };
-                state.journals.insert(id, journal);
-                Ok(ControlResponse::HeartbeatAck {
-                    deleted_volumes: state.deleted_volumes.clone(),
-                    leases: state
-                        .leases
-                        .iter()
-                        .map(|(volume_id, lease)| (*volume_id, lease.generation))
-                        .collect(),
-                })
+                self.heartbeat(id, used_bytes, journal)
             }
-            ControlRequest::CreateVolume(spec) => self.create_volume(&mut state, spec).await,
-            ControlRequest::ListVolumes => Ok(ControlResponse::Volumes {
-                volumes: state.volume_list(),
-            }),
-            ControlRequest::GetVolumeMap { name } => {
-                let volume = state.volume(&name)?;
-                let chunks = state
-                    .chunks
-                    .get(&volume.id)
-                    .into_iter()
-                    .flat_map(|c| c.values().cloned())
-                    .collect();
-                Ok(ControlResponse::VolumeMap(VolumeMap {
-                    volume,
-                    chunks,
-                    servers: state.servers.values().cloned().collect(),
-                    cluster: state.map.map.clone(),
-                }))
-            }
-            ControlRequest::ResizeVolume { name, size_bytes } => {
-                let mut volume = state.volume(&name)?;
-                if size_bytes < volume.spec.size_bytes {
-                    return Err((
-                        Status::BadRequest,
-                        format!(
-                            "volume {name} is {} bytes; shrinking is not supported (it would discard data)",
-                            volume.spec.size_bytes
-                        ),
-                    ));
-                }
-                volume.spec.size_bytes = size_bytes;
-                volume
-                    .spec
-                    .validate()
-                    .map_err(|e| (Status::BadRequest, e))?;
-                self.put_volume(&mut state, volume.clone()).await?;
-                Ok(ControlResponse::Volume(volume))
-            }
-            ControlRequest::SetQos {
+            R::MarkLost { id } => self.mark_lost(id).await,
+            R::CreateVolume(spec) => self.create_volume(spec).await,
+            R::ListVolumes => self.list_volumes(),
+            R::GetVolumeMap { name } => self.volume_map(&name),
+            R::ResizeVolume { name, size_bytes } => self.resize_volume(&name, size_bytes).await,
+            R::SetQos {
                 name,
                 iops,
                 bytes_per_second,
-            } => {
-                self.set_qos(&mut state, &name, iops, bytes_per_second)
-                    .await
-            }
-            ControlRequest::DeleteVolume { name } => {
-                let volume = state.volume(&name)?;
-                self.store
-                    .apply(vec![
-                        Op::Delete {
-                            key: format!("volume/{name}"),
-                        },
-                        Op::DeletePrefix {
-                            prefix: format!("chunk/{:016x}/", volume.id),
-                        },
-                        Op::Delete {
-                            key: lease_key(volume.id),
-                        },
-                        Op::Put {
-                            key: format!("deleted/{:016x}", volume.id),
-                            value: Vec::new(),
-                        },
-                    ])
-                    .await
-                    .map_err(store_failed)?;
-                state.volumes.remove(&name);
-                state.chunks.remove(&volume.id);
-                state.leases.remove(&volume.id);
-                state.deleted_volumes.push(volume.id);
-                tracing::info!(%name, "volume deleted");
-                Ok(ControlResponse::Done)
-            }
-            ControlRequest::AllocateChunk {
+            } => self.set_qos(&name, iops, bytes_per_second).await,
+            R::DeleteVolume { name } => self.delete_volume(&name).await,
+            R::AllocateChunk {
                 volume_id,
                 index,
                 proposal,
-            } => {
-                self.allocate_chunk(&mut state, volume_id, index, proposal)
-                    .await
-            }
-            request @ (ControlRequest::GetClusterMap
-            | ControlRequest::ExpandCluster { .. }
-            | ControlRequest::RemapPg { .. }
-            | ControlRequest::ShrinkLayer { .. }
-            | ControlRequest::MergeLayers { .. }) => self.map_request(&mut state, request).await,
-            ControlRequest::Status => Ok(ControlResponse::Status(Box::new(ClusterStatus {
-                servers: state.servers.values().cloned().collect(),
-                volumes: state.volume_list(),
-                recovery: self.recovery.status(&state),
-                rebalance: recovery::rebalance_status(self, &state),
-                qos: state.qos_status(),
-            }))),
-            ControlRequest::AcquireLease { name, holder } => {
-                self.acquire_lease(&mut state, &name, holder).await
-            }
-            ControlRequest::RenewLease { name, generation } => {
-                let volume = state.volume(&name)?;
-                match state.leases.get_mut(&volume.id) {
-                    Some(lease) if lease.generation == generation => {
-                        lease.expires = Some(Instant::now() + LEASE_TERM);
-                        Ok(ControlResponse::Lease {
-                            generation,
-                            term_ms: LEASE_TERM.as_millis() as u64,
-                            limits: state.limits(&volume).0,
-                        })
-                    }
-                    other => Err((
-                        Status::Fenced,
-                        format!(
-                            "the lease of volume {name} (generation {generation}) was lost{}",
-                            other.map_or(String::new(), |l| format!(
-                                " to {} (generation {})",
-                                l.holder, l.generation
-                            ))
-                        ),
-                    )),
-                }
-            }
-            ControlRequest::ReleaseLease { name, generation } => {
-                let volume = state.volume(&name)?;
-                if let Some(lease) = state.leases.get_mut(&volume.id) {
-                    if lease.generation == generation {
-                        // The generation stays known (chunk servers keep fencing older
-                        // writers); only the term ends.
-                        lease.expires = None;
-                        tracing::info!(volume = %name, generation, "lease released");
-                    }
-                }
-                Ok(ControlResponse::Done)
-            }
-            ControlRequest::ReportLaggard {
+            } => self.allocate_chunk(volume_id, index, proposal).await,
+            R::ReportLaggard {
                 volume_id,
                 index,
                 server,
-            } => {
-                let Some(mut placement) = state.placement(volume_id, index) else {
-                    return Err((
-                        Status::NotFound,
-                        format!("chunk {volume_id}/{index} is not allocated"),
-                    ));
-                };
-                if placement.replicas.contains(&server) && !placement.stale.contains(&server) {
-                    placement.stale.push(server);
-                    tracing::warn!(
-                        volume_id,
-                        index,
-                        server,
-                        "replica reported lagging: marked stale"
-                    );
-                    self.put_placement(&mut state, volume_id, placement.clone())
-                        .await?;
-                }
-                Ok(ControlResponse::Chunk {
-                    servers: state.servers_of(&placement),
-                    placement,
-                })
-            }
-            ControlRequest::MarkLost { id } => {
-                let Some(mut server) = state.servers.get(&id).cloned() else {
-                    return Err((
-                        Status::NotFound,
-                        format!("chunk server {id} is not registered"),
-                    ));
-                };
-                if server.up {
-                    return Err((
-                        Status::BadRequest,
-                        format!("chunk server {id} is up (heartbeating); only a failed server can be marked lost"),
-                    ));
-                }
-                server.lost = true;
-                self.store
-                    .apply(vec![Op::Put {
-                        key: server_key(id),
-                        value: json(&server),
-                    }])
-                    .await
-                    .map_err(store_failed)?;
-                tracing::warn!(id, "chunk server marked lost by an operator");
-                state.servers.insert(id, server);
-                // Out of the map: CRUSH places its share elsewhere for good.
-                if state.map.placer.contains(id) && !state.map.map.out.contains(&id) {
-                    self.change_map(&mut state, |map| map.out.push(id)).await?;
-                }
-                Ok(ControlResponse::Done)
-            }
-            ControlRequest::Scrub { .. } => unreachable!("handled above"),
-            ControlRequest::ChunkInfo { .. }
-            | ControlRequest::SetView { .. }
-            | ControlRequest::LogSince { .. }
-            | ControlRequest::Extents { .. }
-            | ControlRequest::Repair { .. }
-            | ControlRequest::Checksum { .. }
-            | ControlRequest::DropChunk { .. } => Err((
+            } => self.report_laggard(volume_id, index, server).await,
+            R::AcquireLease { name, holder } => self.acquire_lease(&name, holder).await,
+            R::RenewLease { name, generation } => self.renew_lease(&name, generation).await,
+            R::ReleaseLease { name, generation } => self.release_lease(&name, generation),
+            request @ (R::GetClusterMap
+            | R::ExpandCluster { .. }
+            | R::RemapPg { .. }
+            | R::ShrinkLayer { .. }
+            | R::MergeLayers { .. }) => self.map_request(request).await,
+            R::Status => self.status(),
+            R::Scrub { name } => recovery::scrub(self, &name)
+                .await
+                .map(ControlResponse::Scrub),
+            R::ChunkInfo { .. }
+            | R::SetView { .. }
+            | R::LogSince { .. }
+            | R::Extents { .. }
+            | R::Repair { .. }
+            | R::Checksum { .. }
+            | R::DropChunk { .. } => Err((
                 Status::BadRequest,
                 "this is the master; replica requests go to chunk servers".into(),
             )),
         }
-    }
-
-    async fn acquire_lease(&self, state: &mut State, name: &str, holder: String) -> Reply {
-        let volume = state.volume(name)?;
-        let now = Instant::now();
-        if let Some(lease) = state.leases.get(&volume.id) {
-            // The same gateway process may take its own lease again: it reopened the
-            // volume after closing it, and the new generation fences the old stack.
-            let alive = lease
-                .expires
-                .and_then(|e| (e + LEASE_DRIFT_MARGIN).checked_duration_since(now));
-            if let Some(left) = alive.filter(|_| lease.holder != holder) {
-                return Err((
-                    Status::Busy,
-                    format!(
-                        "volume {name} is in use by {} (lease generation {}); it becomes free when that gateway closes it or {:.1} s after its last renewal",
-                        lease.holder,
-                        lease.generation,
-                        left.as_secs_f64()
-                    ),
-                ));
-            }
-        }
-        let generation = state.last_lease + 1;
-        if generation > u32::MAX as u64 {
-            return Err((Status::Io, "lease generations exhausted".into()));
-        }
-        let lease = Lease {
-            generation: generation as u32,
-            holder,
-            expires: Some(now + LEASE_TERM),
-        };
-        self.store
-            .apply(vec![
-                Op::Put {
-                    key: "counter/lease".into(),
-                    value: json(&generation),
-                },
-                Op::Put {
-                    key: lease_key(volume.id),
-                    value: json(&lease),
-                },
-            ])
-            .await
-            .map_err(store_failed)?;
-        state.last_lease = generation;
-        tracing::info!(volume = %name, generation, holder = %lease.holder, "lease granted");
-        state.leases.insert(volume.id, lease);
-        Ok(ControlResponse::Lease {
-            generation: generation as u32,
-            term_ms: LEASE_TERM.as_millis() as u64,
-            limits: state.limits(&volume).0,
-        })
-    }
-
-    /// Stores a volume, then updates the in-memory copy.
-    pub(crate) async fn put_volume(
-        &self,
-        state: &mut State,
-        volume: Volume,
-    ) -> Result<(), (Status, String)> {
-        self.store
-            .apply(vec![Op::Put {
-                key: format!("volume/{}", volume.spec.name),
-                value: json(&volume),
-            }])
-            .await
-            .map_err(store_failed)?;
-        state.volumes.insert(volume.spec.name.clone(), volume);
-        Ok(())
-    }
-
-    /// Stores a chunk's placement, then updates the in-memory copy.
-    pub(crate) async fn put_placement(
-        &self,
-        state: &mut State,
-        volume_id: u64,
-        placement: ChunkPlacement,
-    ) -> Result<(), (Status, String)> {
-        self.store
-            .apply(vec![Op::Put {
-                key: chunk_key(volume_id, placement.index),
-                value: json(&placement),
-            }])
-            .await
-            .map_err(store_failed)?;
-        state
-            .chunks
-            .entry(volume_id)
-            .or_default()
-            .insert(placement.index, placement);
-        state.placement_changes += 1;
-        Ok(())
-    }
-
-    async fn create_volume(&self, state: &mut State, spec: VolumeSpec) -> Reply {
-        spec.validate().map_err(|e| (Status::BadRequest, e))?;
-        if state.volumes.contains_key(&spec.name) {
-            return Err((
-                Status::AlreadyExists,
-                format!("volume {} already exists", spec.name),
-            ));
-        }
-        let hosts = state.live_hosts();
-        if hosts < spec.replicas as usize {
-            return Err((
-                Status::NoSpace,
-                format!(
-                    "{} replicas need {} hosts with live chunk servers; {hosts} are up",
-                    spec.replicas, spec.replicas
-                ),
-            ));
-        }
-        let id = state.last_volume_id + 1;
-        let volume = Volume {
-            id,
-            spec,
-            chunks_allocated: 0,
-            qos: Default::default(),
-        };
-        self.store
-            .apply(vec![
-                Op::Put {
-                    key: "counter/volume".into(),
-                    value: json(&id),
-                },
-                Op::Put {
-                    key: format!("volume/{}", volume.spec.name),
-                    value: json(&volume),
-                },
-            ])
-            .await
-            .map_err(store_failed)?;
-        state.last_volume_id = id;
-        state
-            .volumes
-            .insert(volume.spec.name.clone(), volume.clone());
-        tracing::info!(name = %volume.spec.name, size = volume.spec.size_bytes, "volume created");
-        Ok(ControlResponse::Volume(volume))
-    }
-
-    async fn allocate_chunk(
-        &self,
-        state: &mut State,
-        volume_id: u64,
-        index: u64,
-        proposal: Option<Proposal>,
-    ) -> Reply {
-        let Some(volume) = state.volumes.values().find(|v| v.id == volume_id).cloned() else {
-            return Err((
-                Status::NotFound,
-                format!("volume id {volume_id} does not exist"),
-            ));
-        };
-        if index >= volume.spec.chunk_count() {
-            return Err((
-                Status::BadRequest,
-                format!(
-                    "chunk {index} is past the end of volume {}",
-                    volume.spec.name
-                ),
-            ));
-        }
-        let placement = match state.placement(volume_id, index) {
-            Some(placement) => placement,
-            None => {
-                self.bootstrap_map(state).await?;
-                let layer = state.map.placer.newest_layer().ok_or((
-                    Status::NoSpace,
-                    "every layer of the cluster map was shrunk away".to_string(),
-                ))?;
-                let mut placement = ChunkPlacement {
-                    index,
-                    replicas: Vec::new(),
-                    view: 0,
-                    stale: Vec::new(),
-                    layer,
-                };
-                placement.replicas = state.desired(volume_id, &placement)?;
-                // A writer on the same epoch computes the same; one that differs holds
-                // an older map (or saw other servers down) and refreshes it.
-                if let Some(p) = proposal.filter(|p| p.epoch == state.map.map.epoch) {
-                    if (p.layer, &p.replicas) != (layer, &placement.replicas) {
-                        tracing::debug!(
-                            volume_id,
-                            index,
-                            ?p,
-                            ?placement,
-                            "writer placed the chunk differently"
-                        );
-                    }
-                }
-                self.put_placement(state, volume_id, placement.clone())
-                    .await?;
-                placement
-            }
-        };
-        Ok(ControlResponse::Chunk {
-            servers: state.servers_of(&placement),
-            placement,
-        })
-    }
-}
-
-impl State {
-    pub(crate) fn refresh_liveness(&mut self) {
-        let now = Instant::now();
-        for server in self.servers.values_mut() {
-            server.up = self
-                .last_heartbeat
-                .get(&server.id)
-                .is_some_and(|t| now.duration_since(*t) < HEARTBEAT_TIMEOUT);
-        }
-    }
-
-    /// Where an allocated chunk's replicas are.
-    pub(crate) fn placement(&self, volume_id: u64, index: u64) -> Option<ChunkPlacement> {
-        self.chunks.get(&volume_id)?.get(&index).cloned()
-    }
-
-    pub(crate) fn servers_of(&self, placement: &ChunkPlacement) -> Vec<ServerInfo> {
-        placement
-            .replicas
-            .iter()
-            .filter_map(|id| self.servers.get(id).cloned())
-            .collect()
-    }
-
-    fn live_hosts(&self) -> usize {
-        let mut hosts: Vec<&str> = self
-            .servers
-            .values()
-            .filter(|s| s.up)
-            .map(|s| s.host.as_str())
-            .collect();
-        hosts.sort_unstable();
-        hosts.dedup();
-        hosts.len()
-    }
-
-    pub(crate) fn volume(&self, name: &str) -> Result<Volume, (Status, String)> {
-        let mut volume = self.volumes.get(name).cloned().ok_or_else(|| {
-            (
-                Status::NotFound,
-                format!("volume {name} does not exist (see `floe volume list`)"),
-            )
-        })?;
-        volume.chunks_allocated = self.chunks.get(&volume.id).map_or(0, |c| c.len() as u64);
-        Ok(volume)
-    }
-
-    fn volume_list(&self) -> Vec<Volume> {
-        self.volumes
-            .keys()
-            .filter_map(|name| self.volume(name).ok())
-            .collect()
     }
 }
 
@@ -802,6 +234,14 @@ pub async fn run(listener: TcpListener, metadata: &str, settings: Settings) -> R
     let store = floe_metadata::open(metadata)
         .await
         .map_err(|e| e.to_string())?;
+    // A violated invariant (a panic in any task) stops the process: serving on from
+    // a state it cannot trust would spread the damage to the metadata store and the
+    // replicas. Only here, in the master's own process; tests see the panic itself.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |panic| {
+        report(panic);
+        std::process::abort();
+    }));
     let master = start(store, settings, ConnectionPool::default()).await?;
     tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, %metadata, "master serving");
     server::serve(listener, master)

@@ -7,7 +7,8 @@
 //! layer: nothing existing moves), except when the map is still empty: the first
 //! chunk allocation puts every registered server into layer 0.
 
-use crate::{json, store_failed, Master, Reply, State};
+use crate::state::{put, State};
+use crate::{recovery, Failure, Master, Reply};
 use floe_metadata::Op;
 use floe_placement::cluster::Placer;
 use floe_protocol::{
@@ -78,127 +79,161 @@ impl State {
         &self,
         volume_id: u64,
         placement: &ChunkPlacement,
-    ) -> Result<Vec<ServerId>, (Status, String)> {
+    ) -> Result<Vec<ServerId>, Failure> {
         let volume = self
             .volumes
             .values()
             .find(|v| v.id == volume_id)
             .ok_or((Status::NotFound, format!("volume id {volume_id} is gone")))?;
-        let unavailable = |id: ServerId| self.servers.get(&id).is_none_or(|s| !s.up || s.lost);
-        self.map
-            .placer
-            .place(
-                ChunkId {
-                    volume_id,
-                    index: placement.index,
-                },
-                placement.layer,
-                volume.spec.mode,
-                volume.spec.replicas as usize,
-                &unavailable,
-            )
-            .map_err(|e| (Status::NoSpace, e.to_string()))
+        let chunk = ChunkId {
+            volume_id,
+            index: placement.index,
+        };
+        let placer = &self.map.placer;
+        recovery::desired(placer, &self.servers, chunk, placement.layer, &volume.spec)
+    }
+}
+
+impl MapState {
+    /// Stores the map.
+    pub(crate) fn op(&self) -> Op {
+        put(MAP_KEY.into(), &self.map)
+    }
+}
+
+impl State {
+    /// The map with `change` applied as the next epoch, checked to still place.
+    pub(crate) fn next_map(
+        &self,
+        change: impl FnOnce(&mut ClusterMap),
+    ) -> Result<MapState, Failure> {
+        let mut map = self.map.map.clone();
+        change(&mut map);
+        map.epoch += 1;
+        let placer = Placer::new(&map).map_err(|e| (Status::BadRequest, e.to_string()))?;
+        Ok(MapState {
+            map,
+            placer: Arc::new(placer),
+        })
+    }
+
+    /// Takes a stored map.
+    pub(crate) fn set_map(&mut self, next: MapState) {
+        // Gateways and chunk servers keep the map with the highest epoch they saw.
+        assert!(
+            next.map.epoch > self.map.map.epoch,
+            "cluster map epoch {} stored over epoch {}",
+            next.map.epoch,
+            self.map.map.epoch
+        );
+        tracing::info!(epoch = next.map.epoch, change = ?next.map.changes.last(), "cluster map changed");
+        self.map = next;
+    }
+
+    fn mapx_only(&self, what: &str) -> Result<(), Failure> {
+        if self.map.map.mode == PlacementMode::Crush {
+            return Err((
+                Status::BadRequest,
+                format!("{what} needs placement mode mapx; this cluster places with plain crush"),
+            ));
+        }
+        Ok(())
     }
 }
 
 impl Master {
-    /// Applies `change` as the next epoch, after checking that the map still places.
-    pub(crate) async fn change_map(
+    /// Stores the change `decide` returns (none: the map stays) as the next epoch.
+    async fn change_map(
         &self,
-        state: &mut State,
-        change: impl FnOnce(&mut ClusterMap),
-    ) -> Result<(), (Status, String)> {
-        let mut map = state.map.map.clone();
-        change(&mut map);
-        map.epoch += 1;
-        let placer = Placer::new(&map).map_err(|e| (Status::BadRequest, e.to_string()))?;
-        self.store
-            .apply(vec![Op::Put {
-                key: MAP_KEY.into(),
-                value: json(&map),
-            }])
-            .await
-            .map_err(store_failed)?;
-        tracing::info!(epoch = map.epoch, change = ?map.changes.last(), "cluster map changed");
-        state.map = MapState {
-            map,
-            placer: Arc::new(placer),
-        };
-        Ok(())
+        decide: impl FnOnce(&State) -> Result<Option<MapChange>, Failure>,
+    ) -> Result<(), Failure> {
+        self.change(
+            |state| {
+                let Some(change) = decide(state)? else {
+                    return Ok((Vec::new(), None));
+                };
+                let next = state.next_map(|map| map.changes.push(change))?;
+                Ok((vec![next.op()], Some(next)))
+            },
+            |state, next| {
+                if let Some(next) = next {
+                    state.set_map(next);
+                }
+            },
+        )
+        .await
+    }
+
+    /// `change`, which only layers have (`what` names it for the error).
+    async fn change_mapx(&self, what: &str, change: MapChange) -> Result<(), Failure> {
+        self.change_map(|state| {
+            state.mapx_only(what)?;
+            Ok(Some(change))
+        })
+        .await
     }
 
     /// Puts every registered server into the first layer, once.
-    pub(crate) async fn bootstrap_map(&self, state: &mut State) -> Result<(), (Status, String)> {
-        if state.map.map.epoch > 0 {
-            return Ok(());
-        }
-        let devices: Vec<MapDevice> = state.pending_servers().iter().map(map_device).collect();
-        if devices.is_empty() {
-            return Err((
-                Status::NoSpace,
-                "no chunk server has registered: start chunk servers first".into(),
-            ));
-        }
-        self.change_map(state, |map| map.changes.push(MapChange::Expand { devices }))
-            .await
+    pub(crate) async fn bootstrap_map(&self) -> Result<(), Failure> {
+        self.change_map(|state| {
+            if state.map.map.epoch > 0 {
+                return Ok(None);
+            }
+            let devices: Vec<MapDevice> = state.pending_servers().iter().map(map_device).collect();
+            if devices.is_empty() {
+                return Err((
+                    Status::NoSpace,
+                    "no chunk server has registered: start chunk servers first".into(),
+                ));
+            }
+            Ok(Some(MapChange::Expand { devices }))
+        })
+        .await
     }
 
     /// `floe cluster map|expand`, `floe pg remap`, `floe layer shrink|merge`.
-    pub(crate) async fn map_request(&self, state: &mut State, request: ControlRequest) -> Reply {
-        let mapx_only = |what: &str| -> Result<(), (Status, String)> {
-            if state.map.map.mode == PlacementMode::Crush {
-                return Err((
-                    Status::BadRequest,
-                    format!(
-                        "{what} needs placement mode mapx; this cluster places with plain crush"
-                    ),
-                ));
-            }
-            Ok(())
-        };
+    pub(crate) async fn map_request(&self, request: ControlRequest) -> Reply {
         match request {
             ControlRequest::GetClusterMap => {}
             ControlRequest::ExpandCluster { hosts } => {
-                let devices: Vec<MapDevice> = state
-                    .pending_servers()
-                    .iter()
-                    .filter(|s| hosts.is_empty() || hosts.contains(&s.host))
-                    .map(map_device)
-                    .collect();
-                if devices.is_empty() {
-                    return Err((
-                        Status::BadRequest,
-                        if hosts.is_empty() {
-                            "every registered chunk server is already in the cluster map: start the new servers first".to_string()
-                        } else {
-                            format!(
-                                "no registered chunk server outside the map is on hosts {hosts:?}"
-                            )
-                        },
-                    ));
-                }
-                self.change_map(state, |map| map.changes.push(MapChange::Expand { devices }))
-                    .await?;
-            }
-            ControlRequest::RemapPg { pg, layer } => {
-                mapx_only("pg remap")?;
-                self.change_map(state, |map| {
-                    map.changes.push(MapChange::Remap { pg, layer })
+                self.change_map(|state| {
+                    let devices: Vec<MapDevice> = state
+                        .pending_servers()
+                        .iter()
+                        .filter(|s| hosts.is_empty() || hosts.contains(&s.host))
+                        .map(map_device)
+                        .collect();
+                    if devices.is_empty() {
+                        return Err((
+                            Status::BadRequest,
+                            if hosts.is_empty() {
+                                "every registered chunk server is already in the cluster map: start the new servers first".to_string()
+                            } else {
+                                format!(
+                                    "no registered chunk server outside the map is on hosts {hosts:?}"
+                                )
+                            },
+                        ));
+                    }
+                    Ok(Some(MapChange::Expand { devices }))
                 })
                 .await?;
             }
+            ControlRequest::RemapPg { pg, layer } => {
+                self.change_mapx("pg remap", MapChange::Remap { pg, layer })
+                    .await?
+            }
             ControlRequest::ShrinkLayer { layer } => {
-                mapx_only("layer shrink")?;
-                self.change_map(state, |map| map.changes.push(MapChange::Shrink { layer }))
-                    .await?;
+                self.change_mapx("layer shrink", MapChange::Shrink { layer })
+                    .await?
             }
             ControlRequest::MergeLayers { a, b } => {
-                mapx_only("layer merge")?;
-                self.change_map(state, |map| map.changes.push(MapChange::Merge { a, b }))
-                    .await?;
+                self.change_mapx("layer merge", MapChange::Merge { a, b })
+                    .await?
             }
             other => unreachable!("not a map request: {other:?}"),
         }
+        let state = self.state();
         Ok(ControlResponse::ClusterMap(Box::new(ClusterMapInfo {
             map: state.map.map.clone(),
             pending: state.pending_servers(),

@@ -8,7 +8,8 @@
 //! their heartbeats: none up to [`PRESSURE_START`] of the quota, then the volume's
 //! write rate scaled down linearly to [`PRESSURE_FLOOR`] of it at a full journal.
 
-use crate::{Master, Reply, State};
+use crate::state::State;
+use crate::{Master, Reply};
 use floe_protocol::{
     ControlResponse, JournalUsage, QosLimits, QosStatus, ServerId, Status, Throttled, Volume,
     VolumeLimits,
@@ -131,7 +132,6 @@ impl Master {
     /// `floe volume set-qos`: the writer picks the change up at its next lease renewal.
     pub(crate) async fn set_qos(
         &self,
-        state: &mut State,
         name: &str,
         iops: Option<u64>,
         bytes_per_second: Option<u64>,
@@ -142,10 +142,15 @@ impl Master {
                 "no limit given: set an IOPS or a bandwidth limit".into(),
             ));
         }
-        let mut volume = state.volume(name)?;
-        volume.qos.iops = iops.unwrap_or(volume.qos.iops);
-        volume.qos.bytes_per_second = bytes_per_second.unwrap_or(volume.qos.bytes_per_second);
-        self.put_volume(state, volume.clone()).await?;
+        let volume = self
+            .put_volume(|state| {
+                let mut volume = state.volume(name)?;
+                volume.qos.iops = iops.unwrap_or(volume.qos.iops);
+                volume.qos.bytes_per_second =
+                    bytes_per_second.unwrap_or(volume.qos.bytes_per_second);
+                Ok(volume)
+            })
+            .await?;
         tracing::info!(
             volume = name,
             iops = volume.qos.iops,

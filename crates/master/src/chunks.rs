@@ -1,0 +1,124 @@
+//! Chunk placements as writers change them: allocation on a chunk's first write, and
+//! replicas a writer reports lagging (marked stale until a view change repairs them,
+//! see [`crate::recovery`]).
+
+use crate::state::chunk_op;
+use crate::Master;
+use crate::Reply;
+use floe_protocol::{ChunkPlacement, ControlResponse, Proposal, ServerId, Status};
+
+impl Master {
+    pub(crate) async fn allocate_chunk(
+        &self,
+        volume_id: u64,
+        index: u64,
+        proposal: Option<Proposal>,
+    ) -> Reply {
+        // The first chunk of a cluster puts every registered server into the map.
+        if self.state().map.map.epoch == 0 {
+            self.bootstrap_map().await?;
+        }
+        let placement = self
+            .change(
+                |state| {
+                    let Some(volume) = state.volumes.values().find(|v| v.id == volume_id) else {
+                        return Err((
+                            Status::NotFound,
+                            format!("volume id {volume_id} does not exist"),
+                        ));
+                    };
+                    if index >= volume.spec.chunk_count() {
+                        return Err((
+                            Status::BadRequest,
+                            format!(
+                                "chunk {index} is past the end of volume {}",
+                                volume.spec.name
+                            ),
+                        ));
+                    }
+                    // Allocation is idempotent: writers race for a chunk's first write.
+                    if let Some(placement) = state.placement(volume_id, index) {
+                        return Ok((Vec::new(), (placement, false)));
+                    }
+                    let layer = state.map.placer.newest_layer().ok_or((
+                        Status::NoSpace,
+                        "every layer of the cluster map was shrunk away".to_string(),
+                    ))?;
+                    let mut placement = ChunkPlacement {
+                        index,
+                        replicas: Vec::new(),
+                        view: 0,
+                        stale: Vec::new(),
+                        layer,
+                    };
+                    placement.replicas = state.desired(volume_id, &placement)?;
+                    // A writer on the same epoch computes the same; one that differs
+                    // holds an older map (or saw other servers down) and refreshes it.
+                    if let Some(p) = proposal.filter(|p| p.epoch == state.map.map.epoch) {
+                        if (p.layer, &p.replicas) != (layer, &placement.replicas) {
+                            tracing::debug!(
+                                volume_id,
+                                index,
+                                ?p,
+                                ?placement,
+                                "writer placed the chunk differently"
+                            );
+                        }
+                    }
+                    Ok((vec![chunk_op(volume_id, &placement)], (placement, true)))
+                },
+                |state, (placement, new)| {
+                    if new {
+                        state.insert_placement(volume_id, placement.clone());
+                    }
+                    placement
+                },
+            )
+            .await?;
+        Ok(ControlResponse::Chunk {
+            servers: self.state().servers_of(&placement),
+            placement,
+        })
+    }
+
+    pub(crate) async fn report_laggard(
+        &self,
+        volume_id: u64,
+        index: u64,
+        server: ServerId,
+    ) -> Reply {
+        let placement = self
+            .change(
+                |state| {
+                    let Some(mut placement) = state.placement(volume_id, index) else {
+                        return Err((
+                            Status::NotFound,
+                            format!("chunk {volume_id}/{index} is not allocated"),
+                        ));
+                    };
+                    if !placement.replicas.contains(&server) || placement.stale.contains(&server) {
+                        return Ok((Vec::new(), None));
+                    }
+                    placement.stale.push(server);
+                    Ok((vec![chunk_op(volume_id, &placement)], Some(placement)))
+                },
+                |state, marked| {
+                    if let Some(placement) = marked {
+                        tracing::warn!(
+                            volume_id,
+                            index,
+                            server,
+                            "replica reported lagging: marked stale"
+                        );
+                        state.insert_placement(volume_id, placement);
+                    }
+                    state.placement(volume_id, index).expect("checked above")
+                },
+            )
+            .await?;
+        Ok(ControlResponse::Chunk {
+            servers: self.state().servers_of(&placement),
+            placement,
+        })
+    }
+}

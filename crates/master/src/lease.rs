@@ -1,0 +1,171 @@
+//! Volume leases: one writer per volume (`AcquireLease`, `RenewLease`,
+//! `ReleaseLease`). A lease's generation is stored with the lease counter, so no two
+//! grants share one, and chunk servers learn it with heartbeats to fence older
+//! writers; its term is kept in memory only.
+
+use crate::state::{put, State};
+use crate::{Master, Reply};
+use floe_protocol::{ControlResponse, Status, Volume};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A volume lease lasts this long unless renewed; holders renew every third of it.
+pub const LEASE_TERM: Duration = Duration::from_secs(5);
+/// Another gateway gets an unreleased lease only this long after its term ran out
+/// here: the holder times its term from before it sent the renewal, so this covers
+/// clock drift and pauses between the two processes (the holder keeps a margin too).
+pub const LEASE_DRIFT_MARGIN: Duration = Duration::from_millis(500);
+
+/// A volume's single-writer lease.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Lease {
+    pub(crate) generation: u32,
+    pub(crate) holder: String,
+    #[serde(skip)]
+    pub(crate) expires: Option<Instant>,
+}
+
+pub(crate) fn lease_key(volume_id: u64) -> String {
+    format!("lease/{volume_id:016x}")
+}
+
+fn granted(volume: &Volume, generation: u32, state: &State) -> Reply {
+    Ok(ControlResponse::Lease {
+        generation,
+        term_ms: LEASE_TERM.as_millis() as u64,
+        limits: state.limits(volume).0,
+    })
+}
+
+impl State {
+    /// A new lease of volume `name` for `holder`, unless another holder's is alive.
+    fn grant_lease(&self, name: &str, holder: String) -> Result<(Volume, Lease), crate::Failure> {
+        let volume = self.volume(name)?;
+        if let Some(lease) = self.leases.get(&volume.id) {
+            // The same gateway process may take its own lease again: it reopened the
+            // volume after closing it, and the new generation fences the old stack.
+            let alive = lease
+                .expires
+                .and_then(|e| (e + LEASE_DRIFT_MARGIN).checked_duration_since(Instant::now()));
+            if let Some(left) = alive.filter(|_| lease.holder != holder) {
+                return Err((
+                    Status::Busy,
+                    format!(
+                        "volume {name} is in use by {} (lease generation {}); it becomes free when that gateway closes it or {:.1} s after its last renewal",
+                        lease.holder,
+                        lease.generation,
+                        left.as_secs_f64()
+                    ),
+                ));
+            }
+        }
+        let generation = self.last_lease + 1;
+        if generation > u32::MAX as u64 {
+            return Err((Status::Io, "lease generations exhausted".into()));
+        }
+        let lease = Lease {
+            generation: generation as u32,
+            holder,
+            expires: None,
+        };
+        Ok((volume, lease))
+    }
+
+    /// Extends the term of `name`'s lease at `generation`; `None` while a new lease of
+    /// the volume is being stored.
+    fn renew_lease(&mut self, name: &str, generation: u32) -> Option<Reply> {
+        let volume = match self.volume(name) {
+            Ok(volume) => volume,
+            Err(e) => return Some(Err(e)),
+        };
+        if self.lease_in_flight == Some(volume.id) {
+            return None;
+        }
+        Some(match self.leases.get_mut(&volume.id) {
+            Some(lease) if lease.generation == generation => {
+                lease.expires = Some(Instant::now() + LEASE_TERM);
+                granted(&volume, generation, self)
+            }
+            other => Err((
+                Status::Fenced,
+                format!(
+                    "the lease of volume {name} (generation {generation}) was lost{}",
+                    other.map_or(String::new(), |l| format!(
+                        " to {} (generation {})",
+                        l.holder, l.generation
+                    ))
+                ),
+            )),
+        })
+    }
+}
+
+impl Master {
+    pub(crate) async fn acquire_lease(&self, name: &str, holder: String) -> Reply {
+        // Not `change`: the grant must also stop renewals of the old lease while it is
+        // being stored.
+        let _serial = self.changes.lock().await;
+        let (volume, lease) = {
+            let mut state = self.state();
+            let granted = state.grant_lease(name, holder)?;
+            state.lease_in_flight = Some(granted.0.id);
+            granted
+        };
+        let stored = self
+            .store(vec![
+                put("counter/lease".into(), &(lease.generation as u64)),
+                put(lease_key(volume.id), &lease),
+            ])
+            .await;
+        let mut state = self.state();
+        state.lease_in_flight = None;
+        stored?;
+        let generation = lease.generation;
+        // Generations fence older writers: one handed out again would let two write.
+        assert!(
+            generation as u64 > state.last_lease,
+            "lease generation {generation} handed out after {}",
+            state.last_lease
+        );
+        state.last_lease = generation as u64;
+        tracing::info!(volume = %name, generation, holder = %lease.holder, "lease granted");
+        // The term runs from now, when the grant is stored: never shorter than the
+        // holder, which counts from its request, believes.
+        state.leases.insert(
+            volume.id,
+            Lease {
+                expires: Some(Instant::now() + LEASE_TERM),
+                ..lease
+            },
+        );
+        granted(&volume, generation, &state)
+    }
+
+    pub(crate) async fn renew_lease(&self, name: &str, generation: u32) -> Reply {
+        if let Some(reply) = self.state().renew_lease(name, generation) {
+            return reply;
+        }
+        // A new lease of this volume is being stored: renewing the old one meanwhile
+        // would let two holders believe they hold it. A grant holds the changes until
+        // it is stored or failed, so once they are ours it has finished.
+        let _serial = self.changes.lock().await;
+        self.state()
+            .renew_lease(name, generation)
+            .expect("no lease grant is in flight while changes are held")
+    }
+
+    pub(crate) fn release_lease(&self, name: &str, generation: u32) -> Reply {
+        let mut state = self.state();
+        let volume = state.volume(name)?;
+        if let Some(lease) = state.leases.get_mut(&volume.id) {
+            if lease.generation == generation {
+                // The generation stays known (chunk servers keep fencing older
+                // writers); only the term ends.
+                lease.expires = None;
+                tracing::info!(volume = %name, generation, "lease released");
+            }
+        }
+        Ok(ControlResponse::Done)
+    }
+}

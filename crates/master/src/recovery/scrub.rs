@@ -1,0 +1,114 @@
+//! `floe scrub VOLUME`: replicas compared by checksum at equal versions.
+
+use crate::{Failure, Master};
+use floe_protocol::{
+    ChunkId, ChunkPlacement, ControlRequest, ControlResponse, ScrubReport, ServerInfo,
+};
+use std::time::Duration;
+
+/// Compares every chunk's replicas by checksum at equal versions and repairs the
+/// ones that differ from the majority (the primary breaks ties).
+pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Failure> {
+    const SETTLE_ATTEMPTS: u32 = 20;
+    let (volume, placements, servers) = {
+        let state = master.state();
+        let volume = state.volume(name)?;
+        let placements: Vec<ChunkPlacement> = state
+            .chunks
+            .get(&volume.id)
+            .into_iter()
+            .flat_map(|c| c.values().cloned())
+            .collect();
+        let servers = state.servers.clone();
+        (volume, placements, servers)
+    };
+    let mut report = ScrubReport::default();
+    for placement in placements {
+        report.chunks += 1;
+        let chunk = ChunkId {
+            volume_id: volume.id,
+            index: placement.index,
+        };
+        let members: Vec<&ServerInfo> = placement
+            .replicas
+            .iter()
+            .filter_map(|id| servers.get(id))
+            .collect();
+        if !placement.stale.is_empty() || members.iter().any(|s| !s.up || s.lost) {
+            report.skipped += 1;
+            report.details.push(format!(
+                "chunk {}: degraded, recovery pending",
+                placement.index
+            ));
+            continue;
+        }
+        let checksum = ControlRequest::Checksum {
+            chunk,
+            length: volume.spec.chunk_bytes,
+        };
+        let mut sums = Vec::new();
+        for _ in 0..SETTLE_ATTEMPTS {
+            let replies = futures::future::join_all(
+                members
+                    .iter()
+                    .map(|s| master.ask(&s.address, checksum.clone())),
+            )
+            .await;
+            sums = replies
+                .into_iter()
+                .filter_map(|r| match r {
+                    Ok(ControlResponse::Checksum { version, crc }) => Some((version, crc)),
+                    _ => None,
+                })
+                .collect();
+            if sums.len() == members.len() && sums.iter().all(|s| s.0 == sums[0].0) {
+                break;
+            }
+            sums.clear();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if sums.is_empty() {
+            report.skipped += 1;
+            report.details.push(format!(
+                "chunk {}: replicas unreachable or never at one version",
+                placement.index
+            ));
+            continue;
+        }
+        if sums.iter().all(|s| s.1 == sums[0].1) {
+            continue;
+        }
+        report.differences += 1;
+        let votes = |crc: u32| sums.iter().filter(|s| s.1 == crc).count();
+        let authority = (0..sums.len())
+            .max_by_key(|i| (votes(sums[*i].1), usize::MAX - i))
+            .expect("replicas answered");
+        let good = sums[authority].1;
+        let mut fixed = true;
+        for (i, (_, crc)) in sums.iter().enumerate() {
+            if *crc == good {
+                continue;
+            }
+            let detail = format!(
+                "chunk {}: server {} differs at version {:#x} (crc {crc:08x}, majority {good:08x})",
+                placement.index, members[i].id, sums[i].0
+            );
+            tracing::warn!("scrub: {detail}");
+            report.details.push(detail);
+            let rate = master.recovery.limits.bytes_per_second;
+            let repaired = master
+                .repair_from(chunk, members[i], members[authority], true, rate)
+                .await
+                .is_ok()
+                && matches!(
+                    master.ask(&members[i].address, checksum.clone()).await,
+                    Ok(ControlResponse::Checksum { crc, .. }) if crc == good
+                );
+            fixed &= repaired;
+        }
+        if fixed {
+            report.repaired += 1;
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,143 @@
+//! One view change, executed: the calls to chunk servers between the decisions of
+//! [`super::plan`] (see the steps in the module comment of [`super`]).
+
+use super::peers::Copied;
+use super::plan::{self, Reports, Servers};
+use crate::state::chunk_op;
+use crate::{Failure, Master};
+use floe_protocol::{ChunkId, ChunkPlacement, ControlRequest, ServerId, Status};
+
+impl Master {
+    /// Asks each of `ids` for its (view, version) with `request`, at once.
+    async fn reports(
+        &self,
+        servers: &Servers,
+        ids: &[ServerId],
+        request: ControlRequest,
+    ) -> Vec<(ServerId, Option<(u64, u64)>)> {
+        let replies = futures::future::join_all(
+            ids.iter()
+                .map(|id| self.replica_state(&servers[id], request.clone())),
+        )
+        .await;
+        ids.iter()
+            .copied()
+            .zip(replies.into_iter().map(Result::ok))
+            .collect()
+    }
+}
+
+/// One view change for one chunk.
+pub(super) async fn recover(
+    master: &Master,
+    volume_id: u64,
+    index: u64,
+    bytes_per_second: u64,
+) -> Result<Copied, Failure> {
+    let chunk = ChunkId { volume_id, index };
+    let (placement, servers, desired) = {
+        let state = master.state();
+        let placement = state
+            .placement(volume_id, index)
+            .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
+        let desired = state.desired(volume_id, &placement)?;
+        (placement, state.servers.clone(), desired)
+    };
+    let plan = plan::plan(&placement, &servers, desired)?;
+    let mut copied = Copied::default();
+    let repair = |target: ServerId, source: ServerId| {
+        let (target, source) = (&servers[&target], &servers[&source]);
+        master.repair_from(chunk, target, source, false, bytes_per_second)
+    };
+
+    // 1. Copy while writes go on, from the most recent good replica.
+    let reports: Vec<_> = master
+        .reports(
+            &servers,
+            &plan.voters,
+            // Generation 0: the master fences no writer.
+            ControlRequest::ChunkInfo {
+                chunk,
+                generation: 0,
+            },
+        )
+        .await;
+    let copy = plan::copy_from(&plan, &placement, &reports)?;
+    for target in &plan.targets {
+        copied.add(&repair(*target, copy.source).await?);
+    }
+
+    // 2. Freeze in the next view and find the chunk's state from a majority.
+    let view = copy.view;
+    let frozen: &Reports = &master
+        .reports(
+            &servers,
+            &plan.members(),
+            ControlRequest::SetView { chunk, view },
+        )
+        .await;
+    let switch = plan::switch(&plan, view, frozen)?;
+
+    // 3. Everyone in the new set catches up to the highest version.
+    for id in &switch.catch_up {
+        let repaired = repair(*id, switch.source).await?;
+        copied.add(&repaired);
+        let reached = repaired.version;
+        if reached != switch.version {
+            return Err((
+                Status::Io,
+                format!(
+                    "server {id} reached {reached:#x}, not {:#x}",
+                    switch.version
+                ),
+            ));
+        }
+    }
+
+    // 4. Store the new replica set and view.
+    let next = ChunkPlacement {
+        replicas: plan.new_set.clone(),
+        view,
+        stale: Vec::new(),
+        ..placement.clone()
+    };
+    master
+        .change(
+            |state| {
+                let current = state
+                    .placement(volume_id, index)
+                    .ok_or((Status::NotFound, "chunk is gone".to_string()))?;
+                // Another view change (or a map move) got there first: this one's
+                // view is no longer the next.
+                if (&current.replicas, current.view) != (&placement.replicas, placement.view) {
+                    return Err((Status::Unavailable, "placement changed meanwhile".into()));
+                }
+                Ok((vec![chunk_op(volume_id, &next)], next))
+            },
+            |state, next| state.insert_placement(volume_id, next),
+        )
+        .await?;
+    tracing::info!(
+        volume_id,
+        index,
+        view,
+        version = switch.version,
+        from = ?placement.replicas,
+        to = ?plan.new_set,
+        "chunk has all its replicas where the map places them"
+    );
+
+    // 5. The replicas left out free their data.
+    for left in &plan.left_out {
+        let request = ControlRequest::DropChunk { chunk, view };
+        if let Err(e) = master.ask(&servers[left].address, request).await {
+            tracing::warn!(
+                volume_id,
+                index,
+                server = left,
+                "replica left out not freed: {e}"
+            );
+        }
+    }
+    Ok(copied)
+}

@@ -1,0 +1,164 @@
+//! Volumes: create, list, map, resize, delete (rate limits are in [`crate::qos`]).
+
+use crate::lease::lease_key;
+use crate::state::{put, volume_key, State};
+use crate::{Failure, Master, Reply};
+use floe_metadata::Op;
+use floe_protocol::{ControlResponse, Status, Volume, VolumeMap, VolumeSpec};
+
+impl Master {
+    pub(crate) async fn create_volume(&self, spec: VolumeSpec) -> Reply {
+        spec.validate().map_err(|e| (Status::BadRequest, e))?;
+        let volume = self
+            .change(
+                |state| {
+                    if state.volumes.contains_key(&spec.name) {
+                        return Err((
+                            Status::AlreadyExists,
+                            format!("volume {} already exists", spec.name),
+                        ));
+                    }
+                    let hosts = state.live_hosts();
+                    if hosts < spec.replicas as usize {
+                        return Err((
+                            Status::NoSpace,
+                            format!(
+                                "{} replicas need {} hosts with live chunk servers; {hosts} are up",
+                                spec.replicas, spec.replicas
+                            ),
+                        ));
+                    }
+                    let id = state.last_volume_id + 1;
+                    let volume = Volume {
+                        id,
+                        spec,
+                        chunks_allocated: 0,
+                        qos: Default::default(),
+                    };
+                    let ops = vec![
+                        put("counter/volume".into(), &id),
+                        put(volume_key(&volume.spec.name), &volume),
+                    ];
+                    Ok((ops, volume))
+                },
+                |state, volume| {
+                    assert!(
+                        volume.id > state.last_volume_id,
+                        "volume id {} handed out after {}",
+                        volume.id,
+                        state.last_volume_id
+                    );
+                    state.last_volume_id = volume.id;
+                    state
+                        .volumes
+                        .insert(volume.spec.name.clone(), volume.clone());
+                    tracing::info!(name = %volume.spec.name, size = volume.spec.size_bytes, "volume created");
+                    volume
+                },
+            )
+            .await?;
+        Ok(ControlResponse::Volume(volume))
+    }
+
+    pub(crate) fn list_volumes(&self) -> Reply {
+        Ok(ControlResponse::Volumes {
+            volumes: self.state().volume_list(),
+        })
+    }
+
+    /// What a gateway opening the volume needs: its chunks, the servers and the map.
+    pub(crate) fn volume_map(&self, name: &str) -> Reply {
+        let state = self.state();
+        let volume = state.volume(name)?;
+        let chunks = state
+            .chunks
+            .get(&volume.id)
+            .into_iter()
+            .flat_map(|c| c.values().cloned())
+            .collect();
+        Ok(ControlResponse::VolumeMap(VolumeMap {
+            volume,
+            chunks,
+            servers: state.servers.values().cloned().collect(),
+            cluster: state.map.map.clone(),
+        }))
+    }
+
+    pub(crate) async fn resize_volume(&self, name: &str, size_bytes: u64) -> Reply {
+        let volume = self
+            .put_volume(|state| {
+                let mut volume = state.volume(name)?;
+                if size_bytes < volume.spec.size_bytes {
+                    return Err((
+                        Status::BadRequest,
+                        format!(
+                            "volume {name} is {} bytes; shrinking is not supported (it would discard data)",
+                            volume.spec.size_bytes
+                        ),
+                    ));
+                }
+                volume.spec.size_bytes = size_bytes;
+                volume
+                    .spec
+                    .validate()
+                    .map_err(|e| (Status::BadRequest, e))?;
+                Ok(volume)
+            })
+            .await?;
+        Ok(ControlResponse::Volume(volume))
+    }
+
+    pub(crate) async fn delete_volume(&self, name: &str) -> Reply {
+        self.change(
+            |state| {
+                let volume = state.volume(name)?;
+                let ops = vec![
+                    Op::Delete {
+                        key: volume_key(name),
+                    },
+                    Op::DeletePrefix {
+                        prefix: format!("chunk/{:016x}/", volume.id),
+                    },
+                    Op::Delete {
+                        key: lease_key(volume.id),
+                    },
+                    Op::Put {
+                        key: format!("deleted/{:016x}", volume.id),
+                        value: Vec::new(),
+                    },
+                ];
+                Ok((ops, volume.id))
+            },
+            |state, id| {
+                state.volumes.remove(name);
+                state.chunks.remove(&id);
+                state.leases.remove(&id);
+                state.deleted_volumes.push(id);
+                tracing::info!(%name, "volume deleted");
+            },
+        )
+        .await?;
+        Ok(ControlResponse::Done)
+    }
+
+    /// Stores the volume `decide` returns, then updates the in-memory copy.
+    pub(crate) async fn put_volume(
+        &self,
+        decide: impl FnOnce(&State) -> Result<Volume, Failure>,
+    ) -> Result<Volume, Failure> {
+        self.change(
+            |state| {
+                let volume = decide(state)?;
+                let op = put(volume_key(&volume.spec.name), &volume);
+                Ok((vec![op], volume))
+            },
+            |state, volume| {
+                state
+                    .volumes
+                    .insert(volume.spec.name.clone(), volume.clone());
+                volume
+            },
+        )
+        .await
+    }
+}
