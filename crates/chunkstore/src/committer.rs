@@ -197,6 +197,20 @@ impl Committer {
         Ok(())
     }
 
+    /// Marks every chunk directory for the next sync. A predecessor killed before its
+    /// checkpoint leaves entries for the files it created in the page cache only;
+    /// replay finds those files present, so nothing else would sync their entries
+    /// before the first checkpoint lets the log forget them.
+    pub(crate) fn adopt_unsynced_dirs(&mut self) -> Result<(), StoreError> {
+        let chunks = layout::chunks_dir(&self.files.dir);
+        // The chunks directory holds only volume directories.
+        for volume in self.files.disk.read_dir(&chunks)? {
+            self.dirty_dirs.insert(chunks.join(volume));
+        }
+        self.dirty_dirs.insert(chunks);
+        Ok(())
+    }
+
     pub(crate) fn apply_meta(&self, header: &RecordHeader) {
         let chunk = header.chunk;
         let mut metas = self.files.metas.lock().unwrap();

@@ -42,6 +42,7 @@ impl Committer {
             "a sequence number is in two journals"
         );
         let mut log = Committer::new(logs, files);
+        log.adopt_unsynced_dirs()?;
         log.skip_unsynced_seqs();
         log.active = records.last().map_or(0, |&(_, j, _)| j);
         for (header, j, data_at) in &records {

@@ -22,6 +22,7 @@ impl Committer {
     ) -> Result<Committer, StoreError> {
         let mut file = LogFile::open(&*files.disk, path, false, checkpoint_bytes)?;
         let mut log = Committer::new(Vec::new(), files);
+        log.adopt_unsynced_dirs()?;
         let mut replayed = 0;
         file.scan(|header, _, data| {
             replayed += 1;
