@@ -528,8 +528,18 @@ impl ReplicatedChunks {
             let mut last_error = None;
             if done >= majority {
                 for (id, o) in outcomes {
-                    if let Outcome::Lagging(e) = o {
-                        self.leave_behind(index, id, &e).await;
+                    match o {
+                        Outcome::Lagging(e) => self.leave_behind(index, id, &e).await,
+                        // In a view the master has not stored (a view change that
+                        // failed part-way), it misses this change all the same.
+                        Outcome::StaleView => {
+                            let why = CallError::Remote {
+                                status: Status::StaleView,
+                                message: format!("in a view after {view}"),
+                            };
+                            self.leave_behind(index, id, &why).await
+                        }
+                        Outcome::Done | Outcome::Fenced(_) => {}
                     }
                 }
                 let mut chunks = self.chunks.lock().unwrap();

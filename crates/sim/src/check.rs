@@ -111,7 +111,7 @@ pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
             ));
         }
         let majority = map.volume.spec.replicas as usize / 2 + 1;
-        let committed = network.observations.committed(chunk, majority);
+        let (committed, acked_by) = network.observations.committed(chunk, majority);
         let mut seen = BTreeSet::new();
         for server in &servers {
             let request = Request::Control(ControlRequest::Checksum {
@@ -123,8 +123,9 @@ pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
                     if version < committed {
                         violations.push(format!(
                             "chunk {} on server {} holds version {version:#x}, below the \
-                             committed {committed:#x}, yet the master counts it current",
-                            chunk.index, server.id
+                             committed {committed:#x} (acknowledged by {acked_by:?}), yet the \
+                             master counts it current in view {} with {:?}",
+                            chunk.index, server.id, placement.view, placement.replicas
                         ));
                     }
                     seen.insert((version, crc));

@@ -100,15 +100,16 @@ impl Observations {
 
     /// The newest version of `chunk` that at least `majority` replicas acknowledged:
     /// committed, so every replica of a healed chunk must hold it.
-    pub fn committed(&self, chunk: ChunkId, majority: usize) -> u64 {
+    /// Returns the version and the replicas that acknowledged it.
+    pub fn committed(&self, chunk: ChunkId, majority: usize) -> (u64, Vec<String>) {
         let inner = self.inner.lock().unwrap();
         inner
             .acked_by
             .range((chunk, 0)..=(chunk, u64::MAX))
-            .filter(|(_, servers)| servers.len() >= majority)
-            .map(|((_, version), _)| *version)
-            .max()
-            .unwrap_or(0)
+            .rev()
+            .find(|(_, servers)| servers.len() >= majority)
+            .map(|((_, version), servers)| (*version, servers.iter().cloned().collect()))
+            .unwrap_or_default()
     }
 
     /// The holder of the latest grant.
