@@ -637,10 +637,11 @@ impl ChunkIo for ReplicatedChunks {
         .await
     }
 
-    /// An unallocated chunk already reads as zeroes: nothing to do.
+    /// An unallocated chunk already reads as zeroes: nothing to do, as long as this
+    /// writer still holds the lease (only then is no other writer allocating it).
     async fn zero(&self, index: u64, offset: u64, length: u64, punch: bool) -> Result<(), IoError> {
         if self.replicas(index).is_none() {
-            return Ok(());
+            return self.lease.as_ref().ok_or(IoError::ReadOnly)?.check();
         }
         let chunk = self.chunk_id(index);
         self.change(index, 0, |stamp, forward| Request::Zero {

@@ -315,6 +315,11 @@ impl Network {
         if !self.path_open(from, to, to_incarnation).await {
             return Err(closed());
         }
+        // A sender that died while a partition held its request: its kernel no
+        // longer retransmits, so the request never arrives.
+        if !self.is_current(from, incarnation) {
+            return std::future::pending().await;
+        }
         let (delay, dropped, duplicated) = self.leg(from, to, Leg::Request, kind);
         tokio::time::sleep(delay).await;
         if !self.is_current(to, to_incarnation) {
