@@ -46,12 +46,17 @@ pub async fn settled(cluster: &Cluster) -> Result<(), String> {
                 .filter(|s| !s.up && !s.lost)
                 .map(|s| s.id)
                 .collect();
-            let stale = map.chunks.iter().filter(|c| !c.stale.is_empty()).count();
+            let stale: Vec<_> = map
+                .chunks
+                .iter()
+                .filter(|c| !c.stale.is_empty())
+                .map(|c| (c.index, c.view, &c.replicas, &c.stale))
+                .collect();
             let (r, b) = (&status.recovery, &status.rebalance);
             *last.borrow_mut() =
                 format!(
             "down {down:?}, degraded {}, waiting for operator {}, repairing {}, misplaced {}, \
-             moving {}, stale {stale}, last errors {:?} / {:?}",
+             moving {}, stale (index, view, replicas, stale) {stale:?}, last errors {:?} / {:?}",
             r.degraded_chunks, r.waiting_for_operator, r.in_progress, b.misplaced_chunks,
             b.moving, r.last_error, b.last_error
         );
@@ -60,8 +65,8 @@ pub async fn settled(cluster: &Cluster) -> Result<(), String> {
                 && r.in_progress == 0
                 && b.misplaced_chunks == 0
                 && b.moving == 0
-                && stale == 0)
-                .then_some(())
+                && stale.is_empty())
+            .then_some(())
         })
         .await;
     result.map_err(|e| format!("{e}; last status: {}", last.borrow()))

@@ -57,8 +57,29 @@ impl std::fmt::Display for Failure {
     }
 }
 
+thread_local! {
+    /// Panics on this thread (a seed runs on one thread): a failed assertion in any
+    /// task of any simulated process.
+    static PANICS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Records every panic on the thread it happened on, for [`run`] to report; tokio
+/// would otherwise only end the panicking task.
+fn watch_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |panic| {
+            PANICS.with(|p| p.borrow_mut().push(panic.to_string()));
+            report(panic);
+        }));
+    });
+}
+
 /// Runs one seed on a fresh single-threaded runtime with a paused clock.
 pub fn run(seed: u64) -> Result<Report, Box<Failure>> {
+    watch_panics();
+    PANICS.with(|p| p.borrow_mut().clear());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -67,6 +88,15 @@ pub fn run(seed: u64) -> Result<Report, Box<Failure>> {
     let result = runtime.block_on(scenario::run(seed));
     // Zombie tasks of killed processes die with the runtime.
     drop(runtime);
+    let panics = PANICS.with(|p| p.take());
+    let result = match result {
+        Ok(report) if !panics.is_empty() => Err((Vec::new(), report)),
+        other => other,
+    };
+    let result = result.map_err(|(mut violations, report)| {
+        violations.extend(panics.into_iter().map(|p| format!("a task panicked: {p}")));
+        (violations, report)
+    });
     result.map_err(|(violations, report)| {
         Box::new(Failure {
             seed,
