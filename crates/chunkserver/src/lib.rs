@@ -492,6 +492,14 @@ impl ChunkServer {
     }
 
     async fn read(&self, chunk: ChunkId, offset: u64, length: u32, min_version: u64) -> Response {
+        // A replica being rewritten (a whole copy punches it first) or missing a
+        // change holds less than its version says until a repair ends.
+        let frozen = self
+            .existing(chunk)
+            .and_then(|slot| slot.replica.lock().unwrap().frozen);
+        if let Some(why) = frozen {
+            return Response::error(Status::Behind, format!("replica is {why}: read another"));
+        }
         let durable = self.state(chunk).version;
         if durable < min_version {
             return Response::error(
@@ -790,6 +798,24 @@ mod tests {
             .handle(write(CHUNK, 0, v1, next_version(v1, 2), 0))
             .await;
         assert!(matches!(response, Response::Done), "{response:?}");
+    }
+
+    #[tokio::test]
+    async fn a_replica_being_repaired_refuses_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        let read = || Request::Read {
+            chunk: CHUNK,
+            offset: 0,
+            length: 4096,
+            min_version: 0,
+        };
+        assert_eq!(status(&server.clone().handle(read()).await), None);
+        server.slot(CHUNK).replica.lock().unwrap().frozen = Some(repair::REPAIRING);
+        assert_eq!(
+            status(&server.clone().handle(read()).await),
+            Some(Status::Behind)
+        );
     }
 
     #[tokio::test]

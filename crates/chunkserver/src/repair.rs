@@ -23,7 +23,7 @@ use tokio::time::Instant;
 const PIECE_BYTES: u64 = 1 << 20;
 /// Changed ranges closer than this are copied as one.
 const GAP_BYTES: u64 = 128 << 10;
-const REPAIRING: &str = "being repaired";
+pub(crate) const REPAIRING: &str = "being repaired";
 /// How long a repair waits for changes already accepted to become durable.
 const SETTLE_WAIT: Duration = Duration::from_secs(5);
 

@@ -340,6 +340,11 @@ impl Network {
                 }
             });
         }
+        if let Request::Control(control) = &request {
+            if !matches!(control, floe_protocol::ControlRequest::Heartbeat { .. }) {
+                tracing::debug!(from = from.0, to = %address, "delivered {control:?}");
+            }
+        }
         let served = tokio::spawn(service(request.clone()));
         let response = tokio::select! {
             biased;
