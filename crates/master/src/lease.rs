@@ -72,17 +72,16 @@ impl State {
         Ok((volume, lease))
     }
 
-    /// Extends the term of `name`'s lease at `generation`; `None` while a new lease of
-    /// the volume is being stored.
-    fn renew_lease(&mut self, name: &str, generation: u32) -> Option<Reply> {
-        let volume = match self.volume(name) {
-            Ok(volume) => volume,
-            Err(e) => return Some(Err(e)),
-        };
-        if self.lease_in_flight == Some(volume.id) {
-            return None;
-        }
-        Some(match self.leases.get_mut(&volume.id) {
+    /// Whether a new lease of volume `name` is being stored.
+    fn lease_being_granted(&self, name: &str) -> bool {
+        let volume = self.volumes.get(name);
+        volume.is_some_and(|v| self.lease_in_flight == Some(v.id))
+    }
+
+    /// Extends the term of `name`'s lease at `generation`.
+    fn renew_lease(&mut self, name: &str, generation: u32) -> Reply {
+        let volume = self.volume(name)?;
+        match self.leases.get_mut(&volume.id) {
             Some(lease) if lease.generation == generation => {
                 lease.expires = Some(Instant::now() + LEASE_TERM);
                 granted(&volume, generation, self)
@@ -97,7 +96,7 @@ impl State {
                     ))
                 ),
             )),
-        })
+        }
     }
 }
 
@@ -143,16 +142,20 @@ impl Master {
     }
 
     pub(crate) async fn renew_lease(&self, name: &str, generation: u32) -> Reply {
-        if let Some(reply) = self.state().renew_lease(name, generation) {
-            return reply;
+        {
+            let mut state = self.state();
+            if !state.lease_being_granted(name) {
+                return state.renew_lease(name, generation);
+            }
         }
         // A new lease of this volume is being stored: renewing the old one meanwhile
         // would let two holders believe they hold it. A grant holds the changes until
-        // it is stored or failed, so once they are ours it has finished.
+        // it is stored or failed, so once they are ours none is in flight (one
+        // cancelled midway may have left its mark).
         let _serial = self.changes.lock().await;
-        self.state()
-            .renew_lease(name, generation)
-            .expect("no lease grant is in flight while changes are held")
+        let mut state = self.state();
+        state.lease_in_flight = None;
+        state.renew_lease(name, generation)
     }
 
     pub(crate) fn release_lease(&self, name: &str, generation: u32) -> Reply {

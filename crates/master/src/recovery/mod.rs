@@ -25,7 +25,7 @@
 //! count towards the majority.
 //!
 //! [`plan`] makes these decisions as pure functions; [`view_change`] makes the calls
-//! between them; [`peers`] bounds each call; [`scrub`] compares replicas.
+//! between them; [`peers`] bounds each call; `scrub` compares replicas.
 
 mod peers;
 mod plan;
