@@ -26,22 +26,12 @@ const MOVE_RATE: f64 = 50.0 * 1024.0 * 1024.0;
 
 /// The fill: chunks 4-7 (fio's random writes take chunks 0-3).
 fn fill(uri: &str, work: &Path) -> FioJob {
-    FioJob::new("fill", uri, work)
-        .rw("write")
-        .bs("1M")
-        .offset("256M")
-        .size("256M")
-        .iodepth(4)
+    FioJob::fill(uri, work, "256M")
 }
 
 /// Random writes over chunks 0-3, verified after the moves.
 fn random(uri: &str, work: &Path) -> FioJob {
-    FioJob::new("random", uri, work)
-        .rw("randwrite")
-        .bs("4k")
-        .size("256M")
-        .iodepth(16)
-        .seed(777)
+    FioJob::random_4k(uri, work, 777)
 }
 
 /// [`random`] writing for `seconds`, reporting in JSON; `save_state` keeps what it

@@ -16,22 +16,12 @@ const REDUNDANCY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The random-write job, over the first 256 MiB (chunks 0-3).
 fn random(uri: &str, work: &Path) -> FioJob {
-    FioJob::new("random", uri, work)
-        .rw("randwrite")
-        .bs("4k")
-        .size("256M")
-        .iodepth(16)
-        .seed(1234)
+    FioJob::random_4k(uri, work, 1234)
 }
 
 /// The fill: the rest of the volume, so recovery has a full 1 GiB volume to copy.
 fn fill(uri: &str, work: &Path) -> FioJob {
-    FioJob::new("fill", uri, work)
-        .rw("write")
-        .bs("1M")
-        .offset("256M")
-        .size("768M")
-        .iodepth(4)
+    FioJob::fill(uri, work, "768M")
 }
 
 fn median(mut values: Vec<u64>) -> u64 {

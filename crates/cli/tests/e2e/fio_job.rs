@@ -42,6 +42,28 @@ impl FioJob {
         }
     }
 
+    /// 4 KiB random writes, 16 in flight, over the first 256 MiB: the demo volume's
+    /// chunks 0-3. `seed` makes a later pass revisit exactly the blocks written.
+    pub fn random_4k(uri: &str, work: &Path, seed: u64) -> FioJob {
+        FioJob::new("random", uri, work)
+            .rw("randwrite")
+            .bs("4k")
+            .size("256M")
+            .iodepth(16)
+            .seed(seed)
+    }
+
+    /// 1 MiB sequential writes, 4 in flight, of `size` from 256 MiB on: the chunks
+    /// after [`FioJob::random_4k`]'s.
+    pub fn fill(uri: &str, work: &Path, size: &str) -> FioJob {
+        FioJob::new("fill", uri, work)
+            .rw("write")
+            .bs("1M")
+            .offset("256M")
+            .size(size)
+            .iodepth(4)
+    }
+
     fn arg(mut self, arg: String) -> FioJob {
         self.args.push(arg);
         self
