@@ -12,7 +12,7 @@
 //! the fill verify.
 
 use crate::cluster::{free_ports, Cluster, FLOE};
-use crate::fio_job::{assert_clean, json_report, FioJob, Verify};
+use crate::fio_job::{assert_random_and_fill_verify, json_report, write_fill, FioJob, Verify};
 use crate::io_helpers::qemu_io;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -240,18 +240,7 @@ fn assert_verifies(cluster: &Cluster, work: &Path) {
     let uri = cluster.uri();
     let scrub = cluster.floe(&["scrub", "demo"]);
     assert!(scrub.contains(" 0 differences"), "{scrub}");
-    assert_clean(
-        &random(uri, work)
-            .verify(Verify::Read { load_state: true })
-            .run(),
-        "verify of the random writes",
-    );
-    assert_clean(
-        &fill(uri, work)
-            .verify(Verify::Read { load_state: false })
-            .run(),
-        "verify of the fill",
-    );
+    assert_random_and_fill_verify(&random(uri, work), &fill(uri, work));
 }
 
 fn expand_command(cluster: &Cluster) {
@@ -271,12 +260,7 @@ fn expand_under_fio(placement: &str) {
         vec!["--placement".into(), placement.into()],
     );
     let uri = cluster.uri().to_string();
-    assert_clean(
-        &fill(&uri, work.path())
-            .verify(Verify::Write { save_state: true })
-            .run(),
-        "fill",
-    );
+    write_fill(&fill(&uri, work.path()));
     let (base_p99, base_iops) = p99_and_iops(
         &random_writes(&uri, work.path(), 8, false).run(),
         "random writes before the expansion",
@@ -369,12 +353,7 @@ fn crush_moves_survive_kill_of_the_master_and_of_a_new_server() {
         vec!["--placement".into(), "crush".into()],
     );
     let uri = cluster.uri().to_string();
-    assert_clean(
-        &fill(&uri, work.path())
-            .verify(Verify::Write { save_state: true })
-            .run(),
-        "fill",
-    );
+    write_fill(&fill(&uri, work.path()));
     let mut extra = Extra::new_servers(&cluster, dir.path());
     await_new_servers(&cluster);
     let writer = random_writes(&uri, work.path(), 40, true).spawn();

@@ -6,7 +6,9 @@
 //! during recovery.
 
 use crate::cluster::Cluster;
-use crate::fio_job::{assert_clean, iops_log, FioJob, Verify};
+use crate::fio_job::{
+    assert_clean, assert_random_and_fill_verify, iops_log, write_fill, FioJob, Verify,
+};
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -49,12 +51,7 @@ fn fio_survives_kill_of_backup_then_primary() {
     let work = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path());
     let uri = cluster.uri().to_string();
-    assert_clean(
-        &fill(&uri, work.path())
-            .verify(Verify::Write { save_state: true })
-            .run(),
-        "fill",
-    );
+    write_fill(&fill(&uri, work.path()));
 
     let started_at = SystemTime::now();
     let writing = random(&uri, work.path())
@@ -88,18 +85,7 @@ fn fio_survives_kill_of_backup_then_primary() {
     let status = cluster.floe(&["status"]);
     let scrub = cluster.floe(&["scrub", "demo"]);
     assert!(scrub.contains(" 0 differences"), "{scrub}");
-    assert_clean(
-        &random(&uri, work.path())
-            .verify(Verify::Read { load_state: true })
-            .run(),
-        "verify of the random writes",
-    );
-    assert_clean(
-        &fill(&uri, work.path())
-            .verify(Verify::Read { load_state: false })
-            .run(),
-        "verify of the fill",
-    );
+    assert_random_and_fill_verify(&random(&uri, work.path()), &fill(&uri, work.path()));
 
     let log = writing.iops_log_path();
     let before = median(iops_between(&log, started_at, kill_backup_at));

@@ -182,6 +182,34 @@ pub fn assert_clean(out: &Output, what: &str) {
     assert!(all.contains("err= 0"), "fio {what}: no job summary:\n{all}");
 }
 
+/// Writes [`FioJob::fill`]'s blocks, checksummed for [`assert_random_and_fill_verify`].
+pub fn write_fill(fill: &FioJob) {
+    let written = fill
+        .clone()
+        .verify(Verify::Write { save_state: true })
+        .run();
+    assert_clean(&written, "fill");
+}
+
+/// Reads back and checks every block that a time-based run of `random` (by the state it
+/// saved) and [`write_fill`] wrote.
+pub fn assert_random_and_fill_verify(random: &FioJob, fill: &FioJob) {
+    assert_clean(
+        &random
+            .clone()
+            .verify(Verify::Read { load_state: true })
+            .run(),
+        "verify of the random writes",
+    );
+    assert_clean(
+        &fill
+            .clone()
+            .verify(Verify::Read { load_state: false })
+            .run(),
+        "verify of the fill",
+    );
+}
+
 /// The JSON report of a run that ended without an error.
 pub fn json_report(out: &Output, what: &str) -> serde_json::Value {
     report_of(out, what, out.status.success())
