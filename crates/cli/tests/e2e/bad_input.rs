@@ -4,8 +4,10 @@
 
 use crate::cluster::{nbdsh, ok, output, Cluster};
 use crate::io_helpers::{alive, floe_output, qemu_io, text, wait_for_file};
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use crate::nbd_raw::{
+    Raw, CMD_READ, CMD_WRITE, EINVAL, GREETING_BYTES, IHAVEOPT, OPT_GO, OPT_LIST, REP_ACK,
+    REP_ERR_UNSUP, REP_SERVER,
+};
 use std::process::Command;
 use std::time::Duration;
 
@@ -81,31 +83,8 @@ struct Reply {
     payload: Vec<u8>,
 }
 
-/// One raw connection; reads time out so a server that hangs fails the test.
-struct Raw(TcpStream);
-
+/// Floe's frames on the shared raw connection.
 impl Raw {
-    fn connect(port: u16) -> Raw {
-        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        Raw(stream)
-    }
-
-    /// Sends, ignoring errors: the server may already have hung up, which is the point.
-    fn send(&mut self, bytes: &[u8]) {
-        let _ = self.0.write_all(bytes);
-    }
-
-    fn read_exact(&mut self, n: usize) -> Vec<u8> {
-        let mut buf = vec![0u8; n];
-        self.0
-            .read_exact(&mut buf)
-            .unwrap_or_else(|e| panic!("reading {n} bytes: {e}"));
-        buf
-    }
-
     fn frame(&mut self) -> Reply {
         let head = self.read_exact(HEADER);
         let u32_at = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().unwrap());
@@ -118,16 +97,6 @@ impl Raw {
             status,
             request_id,
             payload,
-        }
-    }
-
-    /// The server hung up: EOF (or a reset) before the timeout, after any replies.
-    fn assert_closed(&mut self, what: &str) {
-        let mut sink = Vec::new();
-        match self.0.read_to_end(&mut sink) {
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
-            Err(e) => panic!("{what}: server kept the connection open ({e})"),
         }
     }
 
@@ -182,7 +151,7 @@ fn attack_chunkserver(port: u16) {
         crc32c(&payload),
     ));
     raw.send(&payload[..10]);
-    raw.0.shutdown(Shutdown::Write).unwrap();
+    raw.shutdown_write();
     raw.assert_closed("truncated frame");
     // Truncated inside the header too.
     let mut raw = Raw::connect(port);
@@ -265,102 +234,6 @@ fn chunkservers_survive_malformed_frames() {
     );
 }
 
-// NBD, from proto.md; network byte order.
-const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
-const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
-const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
-const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-const OPT_LIST: u32 = 3;
-const OPT_GO: u32 = 7;
-const REP_ACK: u32 = 1;
-const REP_SERVER: u32 = 2;
-const REP_ERR_UNSUP: u32 = 0x8000_0001;
-const CMD_READ: u16 = 0;
-const CMD_WRITE: u16 = 1;
-const EINVAL: u32 = 22;
-
-impl Raw {
-    /// Reads the greeting and answers FIXED_NEWSTYLE | NO_ZEROES.
-    fn nbd_greeted(port: u16) -> Raw {
-        let mut raw = Raw::connect(port);
-        let greeting = raw.read_exact(18);
-        assert_eq!(
-            u64::from_be_bytes(greeting[..8].try_into().unwrap()),
-            NBDMAGIC
-        );
-        assert_eq!(
-            u64::from_be_bytes(greeting[8..16].try_into().unwrap()),
-            IHAVEOPT
-        );
-        raw.send(&3u32.to_be_bytes());
-        raw
-    }
-
-    fn option(&mut self, option: u32, data: &[u8]) {
-        let mut out = IHAVEOPT.to_be_bytes().to_vec();
-        out.extend_from_slice(&option.to_be_bytes());
-        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        out.extend_from_slice(data);
-        self.send(&out);
-    }
-
-    /// One option reply: (option, reply type, data).
-    fn option_reply(&mut self) -> (u32, u32, Vec<u8>) {
-        let head = self.read_exact(20);
-        let be32 = |i: usize| u32::from_be_bytes(head[i..i + 4].try_into().unwrap());
-        assert_eq!(
-            u64::from_be_bytes(head[..8].try_into().unwrap()),
-            OPTION_REPLY_MAGIC
-        );
-        let data = self.read_exact(be32(16) as usize);
-        (be32(8), be32(12), data)
-    }
-
-    /// NBD_OPT_GO for `name`, up to the final ACK.
-    fn go(&mut self, name: &str) {
-        let mut data = (name.len() as u32).to_be_bytes().to_vec();
-        data.extend_from_slice(name.as_bytes());
-        data.extend_from_slice(&0u16.to_be_bytes());
-        self.option(OPT_GO, &data);
-        loop {
-            let (option, kind, data) = self.option_reply();
-            assert_eq!(option, OPT_GO);
-            assert!(
-                kind & 0x8000_0000 == 0,
-                "GO refused: {}",
-                String::from_utf8_lossy(&data)
-            );
-            if kind == REP_ACK {
-                return;
-            }
-        }
-    }
-
-    fn request(&mut self, kind: u16, handle: u64, offset: u64, length: u32) {
-        let mut out = REQUEST_MAGIC.to_be_bytes().to_vec();
-        out.extend_from_slice(&0u16.to_be_bytes());
-        out.extend_from_slice(&kind.to_be_bytes());
-        out.extend_from_slice(&handle.to_be_bytes());
-        out.extend_from_slice(&offset.to_be_bytes());
-        out.extend_from_slice(&length.to_be_bytes());
-        self.send(&out);
-    }
-
-    /// A simple reply: (error, handle).
-    fn simple_reply(&mut self) -> (u32, u64) {
-        let head = self.read_exact(16);
-        assert_eq!(
-            u32::from_be_bytes(head[..4].try_into().unwrap()),
-            SIMPLE_REPLY_MAGIC
-        );
-        (
-            u32::from_be_bytes(head[4..8].try_into().unwrap()),
-            u64::from_be_bytes(head[8..16].try_into().unwrap()),
-        )
-    }
-}
-
 #[test]
 fn gateway_survives_hostile_nbd_clients_and_out_of_range_io() {
     let dir = tempfile::tempdir().unwrap();
@@ -378,7 +251,7 @@ fn gateway_survives_hostile_nbd_clients_and_out_of_range_io() {
     // Truncated handshakes: gone at once, mid client flags, mid option header.
     drop(Raw::connect(port));
     let mut raw = Raw::connect(port);
-    raw.read_exact(18);
+    raw.read_exact(GREETING_BYTES);
     raw.send(&[0, 0]);
     drop(raw);
     let mut raw = Raw::nbd_greeted(port);
@@ -387,7 +260,7 @@ fn gateway_survives_hostile_nbd_clients_and_out_of_range_io() {
 
     // Unknown client flags are a protocol violation: disconnect.
     let mut raw = Raw::connect(port);
-    raw.read_exact(18);
+    raw.read_exact(GREETING_BYTES);
     raw.send(&0xffu32.to_be_bytes());
     raw.assert_closed("unknown client flags");
 

@@ -11,8 +11,8 @@
 //! moments while chunks move: the moves finish after the restarts, and fio's data and
 //! the fill verify.
 
-use crate::cluster::{free_ports, output, Cluster, FLOE};
-use crate::fio::assert_clean;
+use crate::cluster::{free_ports, Cluster, FLOE};
+use crate::fio_job::{assert_random_and_fill_verify, json_report, write_fill, FioJob, Verify};
 use crate::io_helpers::qemu_io;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -24,49 +24,29 @@ const MOVE_TIMEOUT: Duration = Duration::from_secs(300);
 /// The master's default move rate (`floe master --move-rate`), one move at a time.
 const MOVE_RATE: f64 = 50.0 * 1024.0 * 1024.0;
 
-fn fio(uri: &str, work: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new("fio");
-    command
-        .current_dir(work)
-        .args(["--ioengine=nbd", &format!("--uri={uri}"), "--verify=crc32c"])
-        .args(args);
-    command
+/// The fill: chunks 4-7 (fio's random writes take chunks 0-3).
+fn fill(uri: &str, work: &Path) -> FioJob {
+    FioJob::fill(uri, work, "256M")
 }
 
-/// The fill: chunks 4-7 (fio's random writes take chunks 0-3).
-const FILL: &[&str] = &[
-    "--name=fill",
-    "--rw=write",
-    "--bs=1M",
-    "--offset=256M",
-    "--size=256M",
-    "--iodepth=4",
-];
 /// Random writes over chunks 0-3, verified after the moves.
-const RANDOM: &[&str] = &[
-    "--name=random",
-    "--rw=randwrite",
-    "--bs=4k",
-    "--size=256M",
-    "--iodepth=16",
-    "--randseed=777",
-    "--do_verify=0",
-    "--time_based",
-    "--output-format=json",
-];
+fn random(uri: &str, work: &Path) -> FioJob {
+    FioJob::random_4k(uri, work, 777)
+}
+
+/// [`random`] writing for `seconds`, reporting in JSON; `save_state` keeps what it
+/// wrote for [`assert_verifies`].
+fn random_writes(uri: &str, work: &Path, seconds: u64, save_state: bool) -> FioJob {
+    random(uri, work)
+        .verify(Verify::Write { save_state })
+        .runtime(seconds)
+        .json()
+}
 
 /// Write p99 completion latency (µs) and IOPS from fio's JSON output, after checking
 /// that the run had no error.
 fn p99_and_iops(out: &std::process::Output, what: &str) -> (f64, f64) {
-    let text = String::from_utf8_lossy(&out.stdout);
-    let start = text.find('{').expect("fio printed JSON");
-    let json: serde_json::Value = serde_json::from_str(&text[start..]).expect("fio JSON parses");
-    assert!(
-        out.status.success() && json["jobs"][0]["error"] == 0,
-        "fio {what} failed ({}): {text}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let json = json_report(out, what);
     let write = &json["jobs"][0]["write"];
     let p99 = write["clat_ns"]["percentile"]["99.000000"]
         .as_f64()
@@ -260,14 +240,7 @@ fn assert_verifies(cluster: &Cluster, work: &Path) {
     let uri = cluster.uri();
     let scrub = cluster.floe(&["scrub", "demo"]);
     assert!(scrub.contains(" 0 differences"), "{scrub}");
-    assert_clean(
-        &output(fio(uri, work, &RANDOM[..6]).args(["--verify_only", "--verify_state_load=1"])),
-        "verify of the random writes",
-    );
-    assert_clean(
-        &output(fio(uri, work, FILL).arg("--verify_only")),
-        "verify of the fill",
-    );
+    assert_random_and_fill_verify(&random(uri, work), &fill(uri, work));
 }
 
 fn expand_command(cluster: &Cluster) {
@@ -287,12 +260,9 @@ fn expand_under_fio(placement: &str) {
         vec!["--placement".into(), placement.into()],
     );
     let uri = cluster.uri().to_string();
-    assert_clean(
-        &output(fio(&uri, work.path(), FILL).arg("--do_verify=0")),
-        "fill",
-    );
+    write_fill(&fill(&uri, work.path()));
     let (base_p99, base_iops) = p99_and_iops(
-        &output(fio(&uri, work.path(), RANDOM).args(["--runtime=8", "--verify_state_save=0"])),
+        &random_writes(&uri, work.path(), 8, false).run(),
         "random writes before the expansion",
     );
     let before = chunk_servers(&cluster);
@@ -300,12 +270,7 @@ fn expand_under_fio(placement: &str) {
 
     let _servers = Extra::new_servers(&cluster, dir.path());
     let new_ids = await_new_servers(&cluster);
-    let writer = fio(&uri, work.path(), RANDOM)
-        .args(["--runtime=30", "--verify_state_save=1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("fio starts");
+    let writer = random_writes(&uri, work.path(), 30, true).spawn();
     std::thread::sleep(Duration::from_secs(3));
     let expanded = Instant::now();
     expand_command(&cluster);
@@ -388,18 +353,10 @@ fn crush_moves_survive_kill_of_the_master_and_of_a_new_server() {
         vec!["--placement".into(), "crush".into()],
     );
     let uri = cluster.uri().to_string();
-    assert_clean(
-        &output(fio(&uri, work.path(), FILL).arg("--do_verify=0")),
-        "fill",
-    );
+    write_fill(&fill(&uri, work.path()));
     let mut extra = Extra::new_servers(&cluster, dir.path());
     await_new_servers(&cluster);
-    let writer = fio(&uri, work.path(), RANDOM)
-        .args(["--runtime=40", "--verify_state_save=1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("fio starts");
+    let writer = random_writes(&uri, work.path(), 40, true).spawn();
     std::thread::sleep(Duration::from_secs(2));
     expand_command(&cluster);
 

@@ -5,11 +5,14 @@
 
 use crate::cluster::{free_ports, nbdsh, output, Cluster, FLOE};
 use crate::io_helpers::{qemu_io, text};
+use crate::nbd_raw::wait_for_nbd_server;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Longer than the master's lease term (5 s) plus a renewal interval.
 const LEASE_EXPIRY_WAIT: Duration = Duration::from_secs(8);
+/// Bounds only a gateway that never serves, however busy the machine.
+const GATEWAY_START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Holds a connection to the first gateway: writes 0xaa at 0, says "ready", waits for
 /// a line on stdin, then writes 0xcc at 0 and at 64 KiB (another chunk) and reports
@@ -65,7 +68,7 @@ fn stalled_gateway_is_fenced_after_its_lease_moves() {
         .stderr(log)
         .spawn()
         .expect("gateway starts");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_nbd_server(port, GATEWAY_START_TIMEOUT);
 
     // Refused while the first gateway holds and renews the lease.
     let refused = output(Command::new("qemu-io").args(["-f", "raw", "-c", "read 0 4k", &second]));
@@ -92,7 +95,7 @@ fn stalled_gateway_is_fenced_after_its_lease_moves() {
         .stderr(Stdio::null())
         .spawn()
         .expect("read-only gateway starts");
-    std::thread::sleep(Duration::from_millis(500));
+    wait_for_nbd_server(reader_port, GATEWAY_START_TIMEOUT);
     assert!(
         read_byte(&reader_uri, 0).contains("aa"),
         "read-only gateway reads"

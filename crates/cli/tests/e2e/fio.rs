@@ -1,10 +1,11 @@
 //! fio through its libnbd engine: random writes verified in-run and again by a separate
 //! read-only pass, so data must survive beyond fio's own connection.
 
-use crate::cluster::{output, Cluster};
+use crate::cluster::Cluster;
+use crate::fio_job::{assert_clean, FioJob, Verify};
 use crate::io_helpers::{qemu_io, text};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// One random-write job over 512 MiB: eight 64 MiB chunks and thousands of 64 KiB stripe
 /// units. `io_size` bounds the run by bytes, not time.
@@ -13,48 +14,25 @@ struct Job {
     bs: &'static str,
     offset: &'static str,
     io_size: &'static str,
-    seed: &'static str,
+    seed: u64,
 }
 
 fn fio(uri: &str, job: &Job, work: &Path, verify_only: bool) -> Output {
-    let mut command = Command::new("fio");
-    command
-        // fio drops its verify state files in the working directory.
-        .current_dir(work)
-        .args([
-            &format!("--name={}", job.name),
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--rw=randwrite",
-            &format!("--bs={}", job.bs),
-            &format!("--offset={}", job.offset),
-            "--size=512M",
-            &format!("--io_size={}", job.io_size),
-            "--iodepth=16",
-            "--verify=crc32c",
-            "--do_verify=1",
-            // A fixed seed makes the verify-only pass revisit exactly the written blocks.
-            &format!("--randseed={}", job.seed),
-        ]);
-    if verify_only {
-        command.arg("--verify_only");
-    }
-    output(&mut command)
-}
-
-/// Exit status 0, every job reporting `err= 0`, and no verify complaint.
-pub fn assert_clean(out: &Output, what: &str) {
-    let all = text(out);
-    let errors: Vec<&str> = all
-        .lines()
-        .filter(|l| l.contains("err=") && !l.contains("err= 0"))
-        .collect();
-    assert!(
-        out.status.success() && errors.is_empty() && !all.contains("verify:"),
-        "fio {what} failed ({}):\n{all}",
-        out.status
-    );
-    assert!(all.contains("err= 0"), "fio {what}: no job summary:\n{all}");
+    FioJob::new(job.name, uri, work)
+        .rw("randwrite")
+        .bs(job.bs)
+        .offset(job.offset)
+        .size("512M")
+        .io_size(job.io_size)
+        .iodepth(16)
+        .verify(if verify_only {
+            Verify::Read { load_state: false }
+        } else {
+            Verify::WriteAndRead
+        })
+        // The verify-only pass revisits exactly the written blocks.
+        .seed(job.seed)
+        .run()
 }
 
 #[test]
@@ -69,14 +47,14 @@ fn fio_random_writes_verify_and_reverify() {
         bs: "4k",
         offset: "0",
         io_size: "24M",
-        seed: "4096",
+        seed: 4096,
     };
     let large = Job {
         name: "rand64k",
         bs: "64k",
         offset: "512M",
         io_size: "64M",
-        seed: "65536",
+        seed: 65536,
     };
     for job in [&small, &large] {
         assert_clean(

@@ -3,86 +3,103 @@
 //! chunk server holding its chunks reports a nearly full journal.
 
 use crate::cluster::{free_ports, output, Cluster, FLOE};
-use crate::io_helpers::{floe_output, text};
+use crate::fio_job::{interrupt, iops_log, json_report, FioJob, IopsSample};
+use crate::io_helpers::{floe_output, text, wait_for_file};
 use floe_client::master::MasterClient;
 use floe_protocol::{
     ControlRequest, ControlResponse, DeviceClass, QosLimits, ServerId, VolumeLimits, VolumeMode,
     VolumeSpec,
 };
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant, SystemTime};
 
-const IOPS_LIMIT: f64 = 300.0;
-const BANDWIDTH_LIMIT_MIB: f64 = 8.0;
+/// Limits are this fraction of the rate the volume reaches without one, measured
+/// first, so that a slow or busy machine sees them as clearly as a fast one. An
+/// unenforced limit then shows as about five times the limit, and the machine may slow
+/// down almost fourfold (to LIMIT_FRACTION * LIMIT_SLACK of its free rate) before a
+/// lifted limit cannot be told from a held one.
+const LIMIT_FRACTION: f64 = 0.2;
 /// Measured rates may exceed a limit by the burst and by timing noise, not more.
 const LIMIT_SLACK: f64 = 1.3;
+/// Below these a few seconds of fio cannot measure a limit to LIMIT_SLACK: the token
+/// buckets let whole requests through (1 MiB ones here) and a second's count is whole.
+const IOPS_LIMIT_MIN: u64 = 10;
+const BANDWIDTH_LIMIT_MIN_KIB: u64 = 1024;
+/// Whole seconds of fio's IOPS log measured under a limit and after it is cleared.
+const MEASURED_SECONDS: u64 = 5;
+/// After the gateway logs a change: requests that passed the old limit still complete.
+const SETTLE: Duration = Duration::from_secs(1);
+/// The gateway learns of a change at its next lease renewal (every 1.7 s); this bounds
+/// only a gateway that never does, however busy the machine.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The limited run is ended by the test once it has measured; this only bounds it.
+const LIMITED_RUN_SECONDS_MAX: u64 = 600;
 
-/// fio's nbd engine writing randomly over the first 512 MiB for `seconds`.
-fn fio(uri: &str, work: &Path, bs: &str, seconds: u32) -> Command {
-    let mut command = Command::new("fio");
-    command.current_dir(work).args([
-        "--name=qos",
-        "--ioengine=nbd",
-        &format!("--uri={uri}"),
-        "--rw=randwrite",
-        &format!("--bs={bs}"),
-        "--size=512M",
-        "--iodepth=16",
-        "--time_based",
-        &format!("--runtime={seconds}"),
-    ]);
-    command
+/// fio's nbd engine writing randomly over the first 512 MiB.
+fn qos_job(name: &str, uri: &str, work: &Path, bs: &str) -> FioJob {
+    FioJob::new(name, uri, work)
+        .rw("randwrite")
+        .bs(bs)
+        .size("512M")
+        .iodepth(16)
 }
 
-/// Write bandwidth in MiB/s of a fio run with JSON output.
-fn bandwidth_mib(command: &mut Command) -> f64 {
-    let out = output(command.arg("--output-format=json"));
-    let all = text(&out);
-    assert!(out.status.success(), "fio failed:\n{all}");
-    // The nbd engine prints a line before the JSON.
-    let json = &all[all.find('{').expect("fio JSON")..];
-    let report: serde_json::Value = serde_json::Deserializer::from_str(json)
-        .into_iter()
-        .next()
-        .expect("a JSON document")
-        .expect("fio JSON parses");
-    report["jobs"][0]["write"]["bw_bytes"]
-        .as_f64()
-        .expect("bw_bytes")
-        / (1 << 20) as f64
+/// Write IOPS and bandwidth in MiB/s of a `seconds` run of [`qos_job`].
+fn measure(uri: &str, work: &Path, bs: &str, seconds: u64) -> (f64, f64) {
+    let report = json_report(
+        &qos_job("measure", uri, work, bs)
+            .runtime(seconds)
+            .json()
+            .run(),
+        &format!("{bs} randwrite"),
+    );
+    let write = &report["jobs"][0]["write"];
+    let iops = write["iops"].as_f64().expect("iops");
+    let bandwidth = write["bw_bytes"].as_f64().expect("bw_bytes");
+    (iops, bandwidth / (1 << 20) as f64)
 }
 
-/// fio's per-second IOPS log: (end of the second in fio's time, IOPS).
-fn iops_log(path: &Path) -> Vec<(f64, f64)> {
-    let log = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    log.lines()
-        .map(|line| {
-            let fields: Vec<f64> = line
-                .split(',')
-                .take(2)
-                .map(|f| f.trim().parse().expect("a number"))
-                .collect();
-            (fields[0] / 1000.0, fields[1])
-        })
-        .collect()
-}
-
-/// Mean IOPS of the seconds lying inside `[from, to]` of wall time since fio was
-/// started. fio's clock starts a little after (it connects first), so a second ending
-/// at fio time `t` lies within wall time `[t - 1, t + START_SLACK]`.
-fn mean_iops(samples: &[(f64, f64)], from: f64, to: f64) -> f64 {
-    const START_SLACK: f64 = 0.5;
+/// Mean IOPS of the logged seconds lying wholly inside `[from, to]`.
+fn mean_iops(samples: &[IopsSample], from: SystemTime, to: SystemTime) -> f64 {
     let inside: Vec<f64> = samples
         .iter()
-        .filter(|(t, _)| t - 1.0 >= from && t + START_SLACK <= to)
-        .map(|(_, iops)| *iops)
+        .filter(|s| s.end - Duration::from_secs(1) >= from && s.end <= to)
+        .map(|s| s.iops)
         .collect();
     assert!(
         !inside.is_empty(),
-        "no whole second of fio between {from:.1} s and {to:.1} s: {samples:?}"
+        "no whole second of fio between {from:?} and {to:?}: {samples:?}"
     );
     inside.iter().sum::<f64>() / inside.len() as f64
+}
+
+/// How many times the gateway has logged `event`.
+fn gateway_events(cluster: &Cluster, event: &str) -> usize {
+    std::fs::read_to_string(cluster.dir.join("logs/gateway.log"))
+        .unwrap_or_default()
+        .matches(event)
+        .count()
+}
+
+/// Waits until the gateway has logged `event` more than `seen` times.
+fn await_gateway_event(cluster: &Cluster, event: &str, seen: usize) {
+    let log = wait_for_file(
+        &cluster.dir.join("logs/gateway.log"),
+        APPLY_TIMEOUT,
+        |log| log.matches(event).count() > seen,
+    );
+    assert!(
+        log.matches(event).count() > seen,
+        "the gateway did not log {event:?} within {APPLY_TIMEOUT:?}:\n{log}"
+    );
+}
+
+/// Sleeps until `when`.
+fn sleep_until(when: SystemTime) {
+    if let Ok(left) = when.duration_since(SystemTime::now()) {
+        std::thread::sleep(left);
+    }
 }
 
 fn refused(cluster: &Cluster, args: &[&str], why: &str) {
@@ -155,69 +172,94 @@ fn limits_hold_fio_and_follow_changes_without_reopening() {
         "does not exist",
     );
 
-    // One fio run: unlimited, then limited while it runs (the gateway learns it at a
-    // lease renewal, every 1.7 s), then cleared again.
-    let started = Instant::now();
-    let mut run = fio(&uri, work.path(), "4k", 16)
-        .args(["--write_iops_log=qos", "--log_avg_msec=1000"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("fio starts");
-    let at = |seconds: f64| {
-        std::thread::sleep(Duration::from_secs_f64(seconds).saturating_sub(started.elapsed()));
-    };
-    at(3.5);
+    // The rate without a limit first: the limits are a fraction of it. This run also
+    // allocates the chunks, so the limited run does not wait on the master.
+    let (free_iops, _) = measure(&uri, work.path(), "4k", 4);
+    let iops_limit = ((free_iops * LIMIT_FRACTION) as u64).max(IOPS_LIMIT_MIN);
+    let limit = iops_limit as f64;
+    assert!(
+        free_iops > limit * LIMIT_SLACK,
+        "{free_iops:.0} IOPS without a limit cannot tell a limit of {iops_limit} from none"
+    );
+
+    // One fio run (one connection): limited while it runs, then cleared. The gateway
+    // learns each change at a lease renewal and logs it; each measured stretch starts
+    // once it has.
+    const ACQUIRED: &str = "lease acquired";
+    const CHANGED: &str = "rate limits changed";
+    let acquired = gateway_events(&cluster, ACQUIRED);
+    let changed = gateway_events(&cluster, CHANGED);
+    let job = qos_job("qos", &uri, work.path(), "4k")
+        .runtime(LIMITED_RUN_SECONDS_MAX)
+        .iops_log()
+        .json();
+    let run = job.spawn();
+    // Set before fio's connection holds the lease, the limit would come with the grant
+    // and no change would be logged. fio's nbd engine connects twice: once to learn
+    // the size (the volume closes again), then for the I/O.
+    const FIO_CONNECTIONS: usize = 2;
+    await_gateway_event(&cluster, ACQUIRED, acquired + FIO_CONNECTIONS - 1);
     cluster.floe(&[
         "volume",
         "set-qos",
         "demo",
         "--iops",
-        &IOPS_LIMIT.to_string(),
+        &iops_limit.to_string(),
     ]);
-    let limited_at = started.elapsed().as_secs_f64();
-    at(10.5);
+    await_gateway_event(&cluster, CHANGED, changed);
+    let limited_from = SystemTime::now() + SETTLE;
+    // One second more than measured: fio's seconds do not start on ours.
+    sleep_until(limited_from + Duration::from_secs(MEASURED_SECONDS + 1));
+    // The limit holds until the gateway learns it is cleared, which is later.
+    let limited_to = SystemTime::now();
     cluster.floe(&["volume", "set-qos", "demo", "--iops", "0"]);
-    let cleared_at = started.elapsed().as_secs_f64();
-    assert!(run.wait().unwrap().success(), "fio failed");
-    let samples = iops_log(&work.path().join("qos_iops.1.log"));
-    // Renewal period, the master call and fio's one-second averaging.
-    const TAKES_EFFECT: f64 = 2.5;
-    let free = mean_iops(&samples, 1.0, limited_at);
-    let limited = mean_iops(&samples, limited_at + TAKES_EFFECT, cleared_at);
-    let lifted = mean_iops(&samples, cleared_at + TAKES_EFFECT, f64::MAX);
-    eprintln!("4k randwrite IOPS: {free:.0} free, {limited:.0} at a limit of {IOPS_LIMIT}, {lifted:.0} cleared; {samples:?}");
+    await_gateway_event(&cluster, CHANGED, changed + 1);
+    let lifted_from = SystemTime::now() + SETTLE;
+    sleep_until(lifted_from + Duration::from_secs(MEASURED_SECONDS + 1));
+    let lifted_to = SystemTime::now();
+    interrupt(run, "4k randwrite under a changing limit");
+    assert_eq!(
+        gateway_events(&cluster, ACQUIRED),
+        acquired + FIO_CONNECTIONS,
+        "the volume was opened again while its limits changed"
+    );
+    let samples = iops_log(&job.iops_log_path());
+    let limited = mean_iops(&samples, limited_from, limited_to);
+    let lifted = mean_iops(&samples, lifted_from, lifted_to);
+    let seconds: Vec<f64> = samples.iter().map(|s| s.iops).collect();
+    eprintln!("4k randwrite IOPS: {free_iops:.0} free, {limited:.0} at a limit of {iops_limit}, {lifted:.0} cleared; each second: {seconds:?}");
     assert!(
-        limited <= IOPS_LIMIT * LIMIT_SLACK,
-        "limit not held: {limited:.0} IOPS"
+        limited <= limit * LIMIT_SLACK,
+        "limit not held: {limited:.0} IOPS at a limit of {iops_limit}"
     );
     assert!(
-        free > 2.0 * IOPS_LIMIT,
-        "too slow to see a limit: {free:.0} IOPS"
-    );
-    assert!(
-        lifted > 2.0 * IOPS_LIMIT,
-        "limit not lifted: {lifted:.0} IOPS"
+        lifted > limit * LIMIT_SLACK,
+        "limit not lifted: {lifted:.0} IOPS after clearing a limit of {iops_limit} \
+         ({free_iops:.0} IOPS before any limit)"
     );
 
     // Bandwidth, set while the volume is closed: the next open's lease grant has it.
-    let free = bandwidth_mib(&mut fio(&uri, work.path(), "1M", 4));
+    let (_, free) = measure(&uri, work.path(), "1M", 4);
+    let limit_kib = ((free * 1024.0 * LIMIT_FRACTION) as u64).max(BANDWIDTH_LIMIT_MIN_KIB);
+    let limit = limit_kib as f64 / 1024.0;
+    assert!(
+        free > limit * LIMIT_SLACK,
+        "{free:.1} MiB/s without a limit cannot tell a limit of {limit:.1} MiB/s from none"
+    );
     cluster.floe(&[
         "volume",
         "set-qos",
         "demo",
         "--bandwidth",
-        &format!("{BANDWIDTH_LIMIT_MIB}M/s"),
+        &format!("{limit_kib}K/s"),
     ]);
-    let limited = bandwidth_mib(&mut fio(&uri, work.path(), "1M", 5));
-    eprintln!("1M randwrite: {free:.1} MiB/s free, {limited:.1} MiB/s at a limit of {BANDWIDTH_LIMIT_MIB} MiB/s");
-    assert!(
-        limited <= BANDWIDTH_LIMIT_MIB * LIMIT_SLACK,
-        "limit not held: {limited:.1} MiB/s"
+    let (_, limited) = measure(&uri, work.path(), "1M", 5);
+    eprintln!(
+        "1M randwrite: {free:.1} MiB/s free, {limited:.1} MiB/s at a limit of {limit:.1} MiB/s"
     );
     assert!(
-        free > BANDWIDTH_LIMIT_MIB * LIMIT_SLACK,
-        "too slow to see a limit: {free:.1} MiB/s"
+        limited <= limit * LIMIT_SLACK,
+        "limit not held: {limited:.1} MiB/s at a limit of {limit:.1} MiB/s"
     );
 }
 
