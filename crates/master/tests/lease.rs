@@ -18,6 +18,7 @@ fn acquire(holder: &str) -> ControlRequest {
     ControlRequest::AcquireLease {
         name: "demo".into(),
         holder: holder.into(),
+        attempt: 0,
     }
 }
 
