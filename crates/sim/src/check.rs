@@ -61,6 +61,7 @@ pub async fn settled(cluster: &Cluster) -> Result<(), String> {
             b.moving, r.last_error, b.last_error
         );
             (down.is_empty()
+                && r.volumes_to_audit == 0
                 && r.degraded_chunks == 0
                 && r.in_progress == 0
                 && b.misplaced_chunks == 0
