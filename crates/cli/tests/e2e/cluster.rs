@@ -32,18 +32,61 @@ pub struct Cluster {
     pub info: DemoFile,
 }
 
+/// Where test ports start.
+const PORTS_FIRST: u16 = 10000;
+
+/// Test ports stay below the kernel's ephemeral range (32768 up by default), where every
+/// outgoing connection takes its local port: on a busy machine one taken between our
+/// check and the demo's bind fails a server's start.
+fn ports_end() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .filter(|&start| start >= PORTS_FIRST + 100 * PORTS_PER_CLUSTER)
+        .unwrap_or(32768)
+}
+
 /// A block of free ports; different tests in one run never share one.
 pub fn free_ports() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
+    let blocks = u32::from((ports_end() - PORTS_FIRST) / PORTS_PER_CLUSTER);
+    // Each test program starts at a block of its own (by pid), so that test runs side by
+    // side (other worktrees) rarely try the same ports.
+    let first = std::process::id().wrapping_mul(397) % blocks;
     loop {
-        let slot = NEXT.fetch_add(1, Ordering::SeqCst);
-        let base = 20000 + (std::process::id() as u16 % 200) * 100 + slot * PORTS_PER_CLUSTER;
+        let slot = u32::from(NEXT.fetch_add(1, Ordering::SeqCst));
+        let block = ((first + slot) % blocks) as u16;
+        let base = PORTS_FIRST + block * PORTS_PER_CLUSTER;
         let all_free =
             (0..PORTS_PER_CLUSTER).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         if all_free {
             return base;
         }
     }
+}
+
+/// The last lines of every process's log in a demo directory: a failed test removes
+/// the directory, so its panic message must say why.
+fn log_tails(dir: &Path) -> String {
+    const LINES: usize = 5;
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir.join("logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .collect();
+    logs.sort();
+    let mut out = String::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out += &format!("--- {}\n", log.display());
+        for line in &lines[lines.len().saturating_sub(LINES)..] {
+            out += line;
+            out.push('\n');
+        }
+    }
+    out
 }
 
 impl Cluster {
@@ -87,8 +130,8 @@ impl Cluster {
             }
             if let Ok(Some(status)) = demo.try_wait() {
                 panic!(
-                    "floe demo exited before ready: {status}; logs in {}",
-                    dir.display()
+                    "floe demo exited before ready: {status}; the end of its logs:\n{}",
+                    log_tails(dir)
                 );
             }
             assert!(Instant::now() < deadline, "floe demo not ready in time");
