@@ -463,6 +463,16 @@ impl ReplicatedChunks {
         };
         let deadline = Instant::now() + REQUEST_DEADLINE;
         loop {
+            // Nothing is sent once the lease may have run out, resends included:
+            // another gateway may hold the volume, and chunk servers hear of its
+            // generation only at their next heartbeat. The change may have landed
+            // on some replicas or none, so the chunk's version is learned afresh.
+            if let Err(e) = lease.check() {
+                if let Some(chunk) = self.chunks.lock().unwrap().get_mut(&index) {
+                    chunk.last = None;
+                }
+                return Err(e);
+            }
             let Replicas {
                 good,
                 majority,

@@ -340,10 +340,15 @@ impl Network {
                 }
             });
         }
-        if let Request::Control(control) = &request {
-            if !matches!(control, floe_protocol::ControlRequest::Heartbeat { .. }) {
-                tracing::debug!(from = from.0, to = %address, "delivered {control:?}");
+        match &request {
+            Request::Control(floe_protocol::ControlRequest::Heartbeat { .. }) => {}
+            Request::Control(control) => {
+                tracing::debug!(from = from.0, to = %address, "delivered {control:?}")
             }
+            Request::Write { chunk, stamp, .. } | Request::Zero { chunk, stamp, .. } => {
+                tracing::trace!(from = from.0, to = %address, ?chunk, ?stamp, "delivered a change")
+            }
+            _ => {}
         }
         let served = tokio::spawn(service(request.clone()));
         let response = tokio::select! {
