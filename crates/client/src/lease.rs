@@ -12,7 +12,7 @@
 use crate::master::MasterClient;
 use floe_blockdev::IoError;
 use floe_protocol::connection::CallError;
-use floe_protocol::{ControlRequest, ControlResponse, Status, VolumeLimits};
+use floe_protocol::{MasterRequest, MasterResponse, Status, VolumeLimits};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -49,12 +49,12 @@ impl Lease {
     ) -> Result<Lease, CallError> {
         let sent = Instant::now();
         let reply = master
-            .call(ControlRequest::AcquireLease {
+            .call(MasterRequest::AcquireLease {
                 name: volume.to_string(),
                 holder: holder.to_string(),
             })
             .await?;
-        let ControlResponse::Lease {
+        let MasterResponse::Lease {
             generation,
             term_ms,
             limits,
@@ -185,7 +185,7 @@ async fn renew(renewal: Renewal, limits: watch::Sender<VolumeLimits>) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        let request = ControlRequest::RenewLease {
+        let request = MasterRequest::RenewLease {
             name: name.clone(),
             generation,
         };
@@ -193,7 +193,7 @@ async fn renew(renewal: Renewal, limits: watch::Sender<VolumeLimits>) {
         // Bounded by the renewal period, so a master that stops answering is asked
         // again on schedule.
         match master.call_within(request, every).await {
-            Ok(ControlResponse::Lease { limits: new, .. }) => {
+            Ok(MasterResponse::Lease { limits: new, .. }) => {
                 {
                     let mut until = valid_until.lock().unwrap();
                     *until = (*until).max(sent + valid_for);
@@ -227,7 +227,7 @@ impl Drop for Lease {
             return;
         };
         let master = self.master.clone();
-        let request = ControlRequest::ReleaseLease {
+        let request = MasterRequest::ReleaseLease {
             name: self.volume.clone(),
             generation: self.generation,
         };
@@ -262,7 +262,7 @@ mod tests {
                 if cut {
                     std::future::pending::<()>().await;
                 }
-                Ok(Response::Control(ControlResponse::Lease {
+                Ok(Response::Master(MasterResponse::Lease {
                     generation: 1,
                     term_ms: TERM.as_millis() as u64,
                     limits: VolumeLimits::default(),
