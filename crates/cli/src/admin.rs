@@ -282,6 +282,12 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
             }
         );
     }
+    if r.volumes_to_audit > 0 {
+        println!(
+            "  {} volumes changed writer without a release: their replicas are being compared",
+            r.volumes_to_audit
+        );
+    }
     if r.waiting_for_operator > 0 {
         println!(
             "  {} chunks have fewer than a majority of replicas reachable: bring their servers back, or declare failed ones lost with `floe chunkserver mark-lost ID`",

@@ -52,6 +52,7 @@ impl Lease {
             .call(MasterRequest::AcquireLease {
                 name: volume.to_string(),
                 holder: holder.to_string(),
+                attempt: next_attempt(),
             })
             .await?;
         let MasterResponse::Lease {
@@ -237,6 +238,20 @@ impl Drop for Lease {
             }
         });
     }
+}
+
+/// A name for one attempt to take a lease, unique across this process's attempts and
+/// (by the clock at its first) across its restarts.
+fn next_attempt() -> u64 {
+    static FIRST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let first = *FIRST.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |t| t.as_nanos() as u64)
+    });
+    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    first.wrapping_add(count).max(1)
 }
 
 #[cfg(test)]

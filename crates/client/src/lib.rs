@@ -55,11 +55,7 @@ pub async fn open_volume(
     };
     let layout = stripe::Layout::of(&map.volume.spec);
     let size = map.volume.spec.size_bytes;
-    let writer = lease.is_some();
     let chunks = replicated::ReplicatedChunks::new(master, map, lease);
-    if writer {
-        chunks.learn_versions().await;
-    }
     let striped = stripe::Striped::new(layout, size, chunks);
     Ok(Arc::new(qos::Qos::new(striped, limits)))
 }

@@ -36,7 +36,6 @@ use floe_protocol::{
     MasterResponse, Proposal, ReplicaRequest, ReplicaResponse, Request, Response, ServerId,
     ServerInfo, Stamp, Status, VolumeMap, VolumeSpec,
 };
-use futures::StreamExt;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,8 +49,6 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(60);
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// Writes up to this size are sent by the client to all replicas (URSA's T_c).
 const CLIENT_DIRECTED_BYTES_MAX: usize = 8 << 10;
-/// Chunks whose versions a new writer learns at once.
-const LEARN_CONCURRENCY: usize = 32;
 /// A server that failed a request is avoided for this long on other chunks too.
 const SUSPECT_FOR: Duration = Duration::from_secs(10);
 
@@ -358,24 +355,6 @@ impl ReplicatedChunks {
                 _ => tokio::time::sleep(RETRY_PAUSE).await,
             }
         }
-    }
-
-    /// Learns every allocated chunk's version now rather than at its first touch: a
-    /// writer that died after committing changes without some replica may not have
-    /// told the master, and only its successor can find such replicas and report
-    /// them. A chunk that does not answer in time is learned at its first touch.
-    pub async fn learn_versions(&self) {
-        let mut indices: Vec<u64> = self.chunks.lock().unwrap().keys().copied().collect();
-        indices.sort_unstable();
-        futures::stream::iter(indices)
-            .for_each_concurrent(LEARN_CONCURRENCY, |index| async move {
-                let learned =
-                    tokio::time::timeout(REPLICA_TIMEOUT * 2, self.learn_version(index)).await;
-                if !matches!(learned, Ok(Ok(()))) {
-                    tracing::debug!(chunk = index, "version not learned at open: {learned:?}");
-                }
-            })
-            .await;
     }
 
     /// Learns the chunk's current version from its good replicas (once per chunk):

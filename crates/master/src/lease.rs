@@ -22,6 +22,9 @@ pub const LEASE_DRIFT_MARGIN: Duration = Duration::from_millis(500);
 pub(crate) struct Lease {
     pub(crate) generation: u32,
     pub(crate) holder: String,
+    /// The holder's name for the request that took it (0: none given).
+    #[serde(default)]
+    pub(crate) attempt: u64,
     #[serde(skip)]
     pub(crate) expires: Option<Instant>,
 }
@@ -39,8 +42,27 @@ fn granted(volume: &Volume, generation: u32, state: &State) -> Reply {
 }
 
 impl State {
+    /// The live lease this very attempt already took (its request came again), if
+    /// any: its term starts again.
+    fn granted_before(&mut self, name: &str, holder: &str, attempt: u64) -> Option<Reply> {
+        let volume = self.volume(name).ok()?;
+        let lease = self.leases.get_mut(&volume.id)?;
+        let alive = lease.expires.is_some_and(|e| e > Instant::now());
+        if !alive || attempt == 0 || (lease.holder.as_str(), lease.attempt) != (holder, attempt) {
+            return None;
+        }
+        lease.expires = Some(Instant::now() + LEASE_TERM);
+        let generation = lease.generation;
+        Some(granted(&volume, generation, self))
+    }
+
     /// A new lease of volume `name` for `holder`, unless another holder's is alive.
-    fn grant_lease(&self, name: &str, holder: String) -> Result<(Volume, Lease), crate::Failure> {
+    fn grant_lease(
+        &self,
+        name: &str,
+        holder: String,
+        attempt: u64,
+    ) -> Result<(Volume, Lease), crate::Failure> {
         let volume = self.volume(name)?;
         if let Some(lease) = self.leases.get(&volume.id) {
             // The same gateway process may take its own lease again: it reopened the
@@ -67,6 +89,7 @@ impl State {
         let lease = Lease {
             generation: generation as u32,
             holder,
+            attempt,
             expires: None,
         };
         Ok((volume, lease))
@@ -101,15 +124,23 @@ impl State {
 }
 
 impl Master {
-    pub(crate) async fn acquire_lease(&self, name: &str, holder: String) -> Reply {
+    pub(crate) async fn acquire_lease(&self, name: &str, holder: String, attempt: u64) -> Reply {
         // Not `change`: the grant must also stop renewals of the old lease while it is
         // being stored.
         let _serial = self.changes.lock().await;
-        let (volume, lease) = {
+        let (volume, lease, unreleased) = {
             let mut state = self.state();
-            let granted = state.grant_lease(name, holder)?;
-            state.lease_in_flight = Some(granted.0.id);
-            granted
+            if let Some(again) = state.granted_before(name, &holder, attempt) {
+                return again;
+            }
+            let (volume, lease) = state.grant_lease(name, holder, attempt)?;
+            state.lease_in_flight = Some(volume.id);
+            // A holder that never released may have died mid-change.
+            let unreleased = state
+                .leases
+                .get(&volume.id)
+                .is_some_and(|l| l.expires.is_some());
+            (volume, lease, unreleased)
         };
         let stored = self
             .store(vec![
@@ -129,6 +160,9 @@ impl Master {
         );
         state.last_lease = generation as u64;
         tracing::info!(volume = %name, generation, holder = %lease.holder, "lease granted");
+        if unreleased {
+            state.audits.insert(volume.id, generation);
+        }
         // The term runs from now, when the grant is stored: never shorter than the
         // holder, which counts from its request, believes.
         state.leases.insert(

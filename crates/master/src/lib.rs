@@ -175,7 +175,11 @@ impl Master {
                 index,
                 server,
             } => self.report_laggard(volume_id, index, server).await,
-            R::AcquireLease { name, holder } => self.acquire_lease(&name, holder).await,
+            R::AcquireLease {
+                name,
+                holder,
+                attempt,
+            } => self.acquire_lease(&name, holder, attempt).await,
             R::RenewLease { name, generation } => self.renew_lease(&name, generation).await,
             R::ReleaseLease { name, generation } => self.release_lease(&name, generation),
             request @ (R::GetClusterMap

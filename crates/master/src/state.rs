@@ -34,6 +34,9 @@ pub(crate) struct State {
     /// The volume whose new lease is being stored: its old lease is not renewed
     /// meanwhile.
     pub(crate) lease_in_flight: Option<u64>,
+    /// Volumes whose writer changed without releasing its lease, and the new
+    /// generation: their replicas are compared (see `recovery::audit`).
+    pub(crate) audits: BTreeMap<u64, u32>,
     pub(crate) deleted_volumes: Vec<u64>,
     pub(crate) last_server_id: u64,
     pub(crate) last_volume_id: u64,
@@ -89,6 +92,7 @@ impl State {
             chunks: HashMap::new(),
             leases: HashMap::new(),
             lease_in_flight: None,
+            audits: BTreeMap::new(),
             deleted_volumes: Vec::new(),
             last_server_id: 0,
             last_volume_id: 0,

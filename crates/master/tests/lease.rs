@@ -18,6 +18,7 @@ fn acquire(holder: &str) -> MasterRequest {
     MasterRequest::AcquireLease {
         name: "demo".into(),
         holder: holder.into(),
+        attempt: 0,
     }
 }
 

@@ -161,6 +161,7 @@ async fn acquire(master: &Arc<Master>, holder: &str) -> Response {
     let request = MasterRequest::AcquireLease {
         name: "vm".into(),
         holder: holder.into(),
+        attempt: 0,
     };
     master.clone().handle(Request::Master(request)).await
 }
@@ -270,6 +271,7 @@ async fn concurrent_changes_hand_out_ids_and_generations_once() {
             spawn(MasterRequest::AcquireLease {
                 name: "vm".into(),
                 holder: holder.to_string(),
+                attempt: 0,
             })
         })
         .collect();

@@ -155,6 +155,10 @@ pub enum MasterRequest {
     AcquireLease {
         name: String,
         holder: String,
+        /// Names this attempt: the same attempt again (a resent request) gets the
+        /// same grant while it is alive, not a new generation fencing the first.
+        #[serde(default)]
+        attempt: u64,
     },
     RenewLease {
         name: String,

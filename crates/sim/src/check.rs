@@ -32,8 +32,8 @@ pub async fn until<T, F: Future<Output = Option<T>>>(
     }
 }
 
-/// Waits for full redundancy: every server not lost up, nothing degraded, being
-/// repaired, misplaced or moving, no replica stale.
+/// Waits for full redundancy: every server not lost up, nothing to audit, degraded,
+/// being repaired, misplaced or moving, no replica stale.
 pub async fn settled(cluster: &Cluster) -> Result<(), String> {
     let last = std::cell::RefCell::new(String::new());
     let result =
@@ -55,9 +55,9 @@ pub async fn settled(cluster: &Cluster) -> Result<(), String> {
             let (r, b) = (&status.recovery, &status.rebalance);
             *last.borrow_mut() =
                 format!(
-            "down {down:?}, degraded {}, waiting for operator {}, repairing {}, misplaced {}, \
+            "down {down:?}, to audit {}, degraded {}, waiting for operator {}, repairing {}, misplaced {}, \
              moving {}, stale (index, view, replicas, stale) {stale:?}, last errors {:?} / {:?}",
-            r.degraded_chunks, r.waiting_for_operator, r.in_progress, b.misplaced_chunks,
+            r.volumes_to_audit, r.degraded_chunks, r.waiting_for_operator, r.in_progress, b.misplaced_chunks,
             b.moving, r.last_error, b.last_error
         );
             (down.is_empty()

@@ -51,7 +51,12 @@ impl Observations {
                 Request::Master(MasterRequest::AcquireLease { holder, .. }),
                 Response::Master(MasterResponse::Lease { generation, .. }),
             ) => {
-                if let Some(last) = inner.grants.last().filter(|g| g.generation >= *generation) {
+                // A resent request's answer: the same grant again.
+                let last = inner.grants.last();
+                if last.is_some_and(|g| (g.generation, &g.holder) == (*generation, holder)) {
+                    return;
+                }
+                if let Some(last) = last.filter(|g| g.generation >= *generation) {
                     let message = format!(
                         "lease generation {generation} granted to {holder} at {at:?}, after \
                          generation {} went to {}",

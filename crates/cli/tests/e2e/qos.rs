@@ -379,6 +379,7 @@ fn journal_pressure_throttles_writes_until_it_drains() {
         let acquire = MasterRequest::AcquireLease {
             name: "pressed".into(),
             holder: "qos test".into(),
+            attempt: 0,
         };
         let MasterResponse::Lease {
             generation, limits, ..

@@ -25,8 +25,10 @@
 //! count towards the majority.
 //!
 //! [`plan`] makes these decisions as pure functions; [`view_change`] makes the calls
-//! between them; [`peers`] bounds each call; `scrub` compares replicas.
+//! between them; [`peers`] bounds each call; `scrub` compares replicas; [`audit`]
+//! finds replicas a writer that died without releasing its lease left behind.
 
+mod audit;
 mod peers;
 mod plan;
 mod scrub;
@@ -115,6 +117,7 @@ impl Progress {
                 }
             }
         }
+        status.volumes_to_audit = state.audits.len() as u64;
         let c = self.counters.lock().unwrap();
         status.in_progress = c.in_progress.len() as u64;
         status.repaired_chunks = c.repaired;
@@ -220,6 +223,15 @@ pub async fn run(master: Arc<Master>) {
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         let due = tick.tick().await;
+        let audits: Vec<(u64, u32)> = master.state().audits.clone().into_iter().collect();
+        for (volume_id, generation) in audits {
+            if master.audit(volume_id, generation).await {
+                let mut state = master.state();
+                if state.audits.get(&volume_id) == Some(&generation) {
+                    state.audits.remove(&volume_id);
+                }
+            }
+        }
         let jobs: Vec<(Kind, (u64, u64))> = {
             let mut state = master.state();
             let late = Instant::now().saturating_duration_since(due);
