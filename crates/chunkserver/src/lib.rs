@@ -16,8 +16,8 @@ pub use floe_chunkstore::{JournalDir, Options as StoreOptions};
 use floe_protocol::connection::CallError;
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
-    generation_of, ChunkId, ConnectionPool, ControlRequest, ControlResponse, DeviceClass, Request,
-    Response, ServerId, Stamp, Status,
+    generation_of, ChunkId, ConnectionPool, DeviceClass, MasterRequest, MasterResponse,
+    ReplicaRequest, ReplicaResponse, Request, Response, ServerId, Stamp, Status,
 };
 use replica::{Admit, Replica};
 use std::collections::{HashMap, HashSet};
@@ -195,7 +195,7 @@ pub fn start(
         emulated,
         capacity_bytes,
     } = registration;
-    let registration = ControlRequest::Register {
+    let registration = MasterRequest::Register {
         uuid,
         address,
         host,
@@ -231,7 +231,7 @@ fn load_or_create_uuid(dir: &std::path::Path) -> Result<String, String> {
 /// (it restarted), drops the chunks of volumes the master reports deleted, and learns
 /// the current lease generations so a writer that lost its lease is fenced even on
 /// chunks the new writer has not touched yet.
-async fn heartbeat_loop(master: String, registration: ControlRequest, server: Arc<ChunkServer>) {
+async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc<ChunkServer>) {
     let store = &server.store;
     let pool = server.peers.clone();
     let mut id: Option<ServerId> = None;
@@ -250,7 +250,7 @@ async fn heartbeat_loop(master: String, registration: ControlRequest, server: Ar
                 }
                 // The master slows writers before the journals fill.
                 let (journal_used_bytes, journal_quota_bytes) = store.journal_usage();
-                ControlRequest::Heartbeat {
+                MasterRequest::Heartbeat {
                     id,
                     used_bytes,
                     journal_used_bytes,
@@ -258,12 +258,12 @@ async fn heartbeat_loop(master: String, registration: ControlRequest, server: Ar
                 }
             }
         };
-        match pool.call(&master, Request::Control(request)).await {
-            Ok(Response::Control(ControlResponse::Registered { id: new })) => {
+        match pool.call(&master, Request::Master(request)).await {
+            Ok(Response::Master(MasterResponse::Registered { id: new })) => {
                 tracing::info!(id = new, "registered with master");
                 id = Some(new);
             }
-            Ok(Response::Control(ControlResponse::HeartbeatAck {
+            Ok(Response::Master(MasterResponse::HeartbeatAck {
                 deleted_volumes,
                 leases,
             })) => {
@@ -514,10 +514,10 @@ impl ChunkServer {
     }
 
     /// The replica's state once every change handed to the store is durable.
-    async fn settle(&self, slot: &Slot) -> ControlResponse {
+    async fn settle(&self, slot: &Slot) -> ReplicaResponse {
         slot.settled().await;
         let replica = slot.replica.lock().unwrap();
-        ControlResponse::ChunkInfo {
+        ReplicaResponse::ChunkInfo {
             view: replica.view,
             version: replica.durable,
         }
@@ -525,10 +525,10 @@ impl ChunkServer {
 
     async fn control(
         self: &Arc<Self>,
-        request: ControlRequest,
-    ) -> Result<ControlResponse, (Status, String)> {
+        request: ReplicaRequest,
+    ) -> Result<ReplicaResponse, (Status, String)> {
         match request {
-            ControlRequest::ChunkInfo { chunk, generation } => {
+            ReplicaRequest::ChunkInfo { chunk, generation } => {
                 if generation > 0 {
                     self.saw_generation(chunk.volume_id, generation);
                 }
@@ -536,11 +536,11 @@ impl ChunkServer {
                     Some(slot) => Ok(self.settle(&slot).await),
                     None => {
                         let ChunkMeta { view, version } = self.store.meta(chunk);
-                        Ok(ControlResponse::ChunkInfo { view, version })
+                        Ok(ReplicaResponse::ChunkInfo { view, version })
                     }
                 }
             }
-            ControlRequest::SetView { chunk, view } => {
+            ReplicaRequest::SetView { chunk, view } => {
                 let slot = self.slot(chunk);
                 let meta = {
                     let mut replica = slot.replica.lock().unwrap();
@@ -564,7 +564,7 @@ impl ChunkServer {
                 }
                 Ok(self.settle(&slot).await)
             }
-            ControlRequest::LogSince { chunk, since } => {
+            ReplicaRequest::LogSince { chunk, since } => {
                 let changes = match self.existing(chunk) {
                     Some(slot) => slot.replica.lock().unwrap().changes_since(since),
                     None => {
@@ -573,28 +573,28 @@ impl ChunkServer {
                     }
                 };
                 match changes {
-                    Some((version, ranges)) => Ok(ControlResponse::Ranges { version, ranges }),
+                    Some((version, ranges)) => Ok(ReplicaResponse::Ranges { version, ranges }),
                     None => Err((
                         Status::NotFound,
                         format!("the journal lite does not reach back to version {since:#x}"),
                     )),
                 }
             }
-            ControlRequest::Extents { chunk } => {
+            ReplicaRequest::Extents { chunk } => {
                 let version = self.state(chunk).version;
                 let ranges = self.store.extents(chunk).map_err(control_store_error)?;
-                Ok(ControlResponse::Ranges { version, ranges })
+                Ok(ReplicaResponse::Ranges { version, ranges })
             }
-            ControlRequest::Checksum { chunk, length } => {
+            ReplicaRequest::Checksum { chunk, length } => {
                 let version = self.state(chunk).version;
                 let crc = self
                     .store
                     .checksum(chunk, length)
                     .await
                     .map_err(control_store_error)?;
-                Ok(ControlResponse::Checksum { version, crc })
+                Ok(ReplicaResponse::Checksum { version, crc })
             }
-            ControlRequest::Repair {
+            ReplicaRequest::Repair {
                 chunk,
                 source,
                 full,
@@ -603,7 +603,7 @@ impl ChunkServer {
                 let slot = self.slot(chunk);
                 repair::repair(self, &slot, chunk, &source, full, bytes_per_second).await
             }
-            ControlRequest::DropChunk { chunk, view } => {
+            ReplicaRequest::DropChunk { chunk, view } => {
                 let slot = self.slot(chunk);
                 {
                     let mut replica = slot.replica.lock().unwrap();
@@ -638,12 +638,8 @@ impl ChunkServer {
                     .await
                     .map_err(control_store_error)?;
                 tracing::info!(?chunk, view, "replica moved away: data freed");
-                Ok(ControlResponse::Done)
+                Ok(ReplicaResponse::Done)
             }
-            _ => Err((
-                Status::BadRequest,
-                "this is a chunk server; send cluster requests to the master".into(),
-            )),
         }
     }
 }
@@ -684,10 +680,14 @@ impl Handler for ChunkServer {
                 length,
                 min_version,
             } => self.read(chunk, offset, length, min_version).await,
-            Request::Control(control) => match self.control(control).await {
-                Ok(reply) => Response::Control(reply),
+            Request::Replica(control) => match self.control(control).await {
+                Ok(reply) => Response::Replica(reply),
                 Err((status, message)) => Response::error(status, message),
             },
+            Request::Master(_) => Response::error(
+                Status::BadRequest,
+                "this is a chunk server; send cluster requests to the master",
+            ),
             Request::Hello { .. } => {
                 Response::error(Status::BadRequest, "hello is only valid first")
             }
@@ -737,8 +737,8 @@ mod tests {
     }
 
     async fn info(server: &Arc<ChunkServer>, chunk: ChunkId, generation: u32) -> Response {
-        let request = ControlRequest::ChunkInfo { chunk, generation };
-        server.clone().handle(Request::Control(request)).await
+        let request = ReplicaRequest::ChunkInfo { chunk, generation };
+        server.clone().handle(Request::Replica(request)).await
     }
 
     #[tokio::test]
@@ -776,7 +776,7 @@ mod tests {
         // Generation 2 learns the version, on this chunk and on one never written.
         let answer = info(&server, CHUNK, 2).await;
         assert!(
-            matches!(answer, Response::Control(ControlResponse::ChunkInfo { version, .. }) if version == v1),
+            matches!(answer, Response::Replica(ReplicaResponse::ChunkInfo { version, .. }) if version == v1),
             "{answer:?}"
         );
         let untouched = ChunkId {
@@ -834,16 +834,16 @@ mod tests {
                     length: 4096,
                     min_version: 0,
                 },
-                Request::Control(ControlRequest::ChunkInfo {
+                Request::Replica(ReplicaRequest::ChunkInfo {
                     chunk,
                     generation: 0,
                 }),
-                Request::Control(ControlRequest::Extents { chunk }),
-                Request::Control(ControlRequest::Checksum {
+                Request::Replica(ReplicaRequest::Extents { chunk }),
+                Request::Replica(ReplicaRequest::Checksum {
                     chunk,
                     length: 4096,
                 }),
-                Request::Control(ControlRequest::LogSince { chunk, since: 0 }),
+                Request::Replica(ReplicaRequest::LogSince { chunk, since: 0 }),
             ];
             for request in requests {
                 let response = server.clone().handle(request).await;
@@ -865,11 +865,11 @@ mod tests {
                 .join(format!("{:016x}", CHUNK.index)),
         )
         .unwrap();
-        let request = ControlRequest::Checksum {
+        let request = ReplicaRequest::Checksum {
             chunk: CHUNK,
             length: 4096,
         };
-        let response = server.clone().handle(Request::Control(request)).await;
+        let response = server.clone().handle(Request::Replica(request)).await;
         assert_eq!(status(&response), Some(Status::Io), "{response:?}");
     }
 }

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
 use floe_chunkstore::ChunkMeta;
 use floe_protocol::connection::CallError;
-use floe_protocol::{ChunkId, ControlRequest, ControlResponse, Request, Response, Status};
+use floe_protocol::{ChunkId, ReplicaRequest, ReplicaResponse, Request, Response, Status};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -65,14 +65,14 @@ struct Pull<'a> {
 }
 
 impl Pull<'_> {
-    async fn ask(&self, request: ControlRequest) -> Result<ControlResponse, CallError> {
+    async fn ask(&self, request: ReplicaRequest) -> Result<ReplicaResponse, CallError> {
         match self
             .server
             .peers
-            .call(self.source, Request::Control(request))
+            .call(self.source, Request::Replica(request))
             .await?
         {
-            Response::Control(reply) => Ok(reply),
+            Response::Replica(reply) => Ok(reply),
             other => Err(CallError::BadReply {
                 address: self.source.to_string(),
                 reason: format!("{other:?}"),
@@ -81,9 +81,9 @@ impl Pull<'_> {
     }
 
     /// The source's ranges for `request` (LogSince or Extents) and their version.
-    async fn ranges(&self, request: ControlRequest) -> Result<(u64, Vec<(u64, u64)>), CallError> {
+    async fn ranges(&self, request: ReplicaRequest) -> Result<(u64, Vec<(u64, u64)>), CallError> {
         match self.ask(request).await? {
-            ControlResponse::Ranges { version, ranges } => Ok((version, ranges)),
+            ReplicaResponse::Ranges { version, ranges } => Ok((version, ranges)),
             other => Err(CallError::BadReply {
                 address: self.source.to_string(),
                 reason: format!("{other:?}"),
@@ -148,7 +148,7 @@ impl Pull<'_> {
     ) -> Result<(u64, bool, u64), Failure> {
         if !full {
             match self
-                .ranges(ControlRequest::LogSince {
+                .ranges(ReplicaRequest::LogSince {
                     chunk: self.chunk,
                     since,
                 })
@@ -181,14 +181,14 @@ impl Pull<'_> {
             .await
             .map_err(|e| (Status::Io, e.to_string()))?;
         let (start, extents) = self
-            .ranges(ControlRequest::Extents { chunk: self.chunk })
+            .ranges(ReplicaRequest::Extents { chunk: self.chunk })
             .await
             .map_err(failed)?;
         let mut bytes = self.copy(&extents, empty).await?;
         // Changes the source took during the copy; the copy may hold some of them
         // already, and copying their ranges again makes it exact.
         let (version, ranges) = self
-            .ranges(ControlRequest::LogSince {
+            .ranges(ReplicaRequest::LogSince {
                 chunk: self.chunk,
                 since: start,
             })
@@ -207,7 +207,7 @@ pub(crate) async fn repair(
     source: &str,
     full: bool,
     bytes_per_second: u64,
-) -> Result<ControlResponse, Failure> {
+) -> Result<ReplicaResponse, Failure> {
     {
         let mut replica = slot.replica.lock().unwrap();
         if replica.frozen == Some(REPAIRING) {
@@ -262,7 +262,7 @@ pub(crate) async fn repair(
                 bytes,
                 "replica repaired"
             );
-            Ok(ControlResponse::Repaired {
+            Ok(ReplicaResponse::Repaired {
                 version,
                 incremental,
                 bytes,

@@ -4,7 +4,7 @@
 use crate::size;
 use floe_client::master::MasterClient;
 use floe_protocol::{
-    ChunkId, ControlRequest, ControlResponse, JournalUsage, QosLimits, ServerId, Volume, VolumeSpec,
+    ChunkId, JournalUsage, MasterRequest, MasterResponse, QosLimits, ServerId, Volume, VolumeSpec,
 };
 use std::time::Duration;
 
@@ -346,14 +346,14 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
 const SCRUB_WAIT: Duration = Duration::MAX;
 
 pub async fn scrub(master: &MasterClient, name: &str) -> Result<(), String> {
-    let request = ControlRequest::Scrub {
+    let request = MasterRequest::Scrub {
         name: name.to_string(),
     };
     let reply = master
         .call_within(request, SCRUB_WAIT)
         .await
         .map_err(|e| format!("cannot scrub volume {name}: {e}"))?;
-    let ControlResponse::Scrub(report) = reply else {
+    let MasterResponse::Scrub(report) = reply else {
         return Err(format!("master answered {reply:?}"));
     };
     for detail in &report.details {
@@ -373,7 +373,7 @@ pub async fn scrub(master: &MasterClient, name: &str) -> Result<(), String> {
 
 pub async fn mark_lost(master: &MasterClient, id: ServerId) -> Result<(), String> {
     master
-        .call(ControlRequest::MarkLost { id })
+        .call(MasterRequest::MarkLost { id })
         .await
         .map_err(|e| format!("cannot mark chunk server {id} lost: {e}"))?;
     println!("chunk server {id} marked lost; its chunks are recovered from the surviving replicas");

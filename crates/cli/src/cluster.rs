@@ -4,7 +4,7 @@
 
 use clap::Subcommand;
 use floe_client::master::MasterClient;
-use floe_protocol::{ClusterMapInfo, ControlRequest, ControlResponse};
+use floe_protocol::{ClusterMapInfo, MasterRequest, MasterResponse};
 
 #[derive(Subcommand)]
 pub enum ClusterCommand {
@@ -36,11 +36,11 @@ pub enum LayerCommand {
 
 pub async fn cluster(master: &MasterClient, command: ClusterCommand) -> Result<(), String> {
     match command {
-        ClusterCommand::Map => change(master, ControlRequest::GetClusterMap, "").await,
+        ClusterCommand::Map => change(master, MasterRequest::GetClusterMap, "").await,
         ClusterCommand::Expand { hosts } => {
             change(
                 master,
-                ControlRequest::ExpandCluster { hosts },
+                MasterRequest::ExpandCluster { hosts },
                 "expanded the cluster",
             )
             .await
@@ -53,29 +53,29 @@ pub async fn pg(
     PgCommand::Remap { pg, layer }: PgCommand,
 ) -> Result<(), String> {
     let done = format!("placement group {pg} remapped to layer {layer}");
-    change(master, ControlRequest::RemapPg { pg, layer }, &done).await
+    change(master, MasterRequest::RemapPg { pg, layer }, &done).await
 }
 
 pub async fn layer(master: &MasterClient, command: LayerCommand) -> Result<(), String> {
     match command {
         LayerCommand::Shrink { layer } => {
             let done = format!("layer {layer} shrunk");
-            change(master, ControlRequest::ShrinkLayer { layer }, &done).await
+            change(master, MasterRequest::ShrinkLayer { layer }, &done).await
         }
         LayerCommand::Merge { a, b } => {
             let done = format!("layers {a} and {b} merged");
-            change(master, ControlRequest::MergeLayers { a, b }, &done).await
+            change(master, MasterRequest::MergeLayers { a, b }, &done).await
         }
     }
 }
 
 /// Sends one map request and prints the map it leaves; `done` says what changed.
-async fn change(master: &MasterClient, request: ControlRequest, done: &str) -> Result<(), String> {
+async fn change(master: &MasterClient, request: MasterRequest, done: &str) -> Result<(), String> {
     let reply = master
         .call(request)
         .await
         .map_err(|e| format!("cluster map: {e}"))?;
-    let ControlResponse::ClusterMap(info) = reply else {
+    let MasterResponse::ClusterMap(info) = reply else {
         return Err(format!("master answered {reply:?}"));
     };
     let ClusterMapInfo {

@@ -12,7 +12,7 @@
 use crate::master::MasterClient;
 use floe_blockdev::IoError;
 use floe_protocol::connection::CallError;
-use floe_protocol::{ControlRequest, ControlResponse, Status, VolumeLimits};
+use floe_protocol::{MasterRequest, MasterResponse, Status, VolumeLimits};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -49,13 +49,13 @@ impl Lease {
     ) -> Result<Lease, CallError> {
         let sent = Instant::now();
         let reply = master
-            .call(ControlRequest::AcquireLease {
+            .call(MasterRequest::AcquireLease {
                 name: volume.to_string(),
                 holder: holder.to_string(),
                 attempt: next_attempt(),
             })
             .await?;
-        let ControlResponse::Lease {
+        let MasterResponse::Lease {
             generation,
             term_ms,
             limits,
@@ -186,7 +186,7 @@ async fn renew(renewal: Renewal, limits: watch::Sender<VolumeLimits>) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        let request = ControlRequest::RenewLease {
+        let request = MasterRequest::RenewLease {
             name: name.clone(),
             generation,
         };
@@ -194,7 +194,7 @@ async fn renew(renewal: Renewal, limits: watch::Sender<VolumeLimits>) {
         // Bounded by the renewal period, so a master that stops answering is asked
         // again on schedule.
         match master.call_within(request, every).await {
-            Ok(ControlResponse::Lease { limits: new, .. }) => {
+            Ok(MasterResponse::Lease { limits: new, .. }) => {
                 {
                     let mut until = valid_until.lock().unwrap();
                     *until = (*until).max(sent + valid_for);
@@ -228,7 +228,7 @@ impl Drop for Lease {
             return;
         };
         let master = self.master.clone();
-        let request = ControlRequest::ReleaseLease {
+        let request = MasterRequest::ReleaseLease {
             name: self.volume.clone(),
             generation: self.generation,
         };
@@ -238,6 +238,20 @@ impl Drop for Lease {
             }
         });
     }
+}
+
+/// A name for one attempt to take a lease, unique across this process's attempts and
+/// (by the clock at its first) across its restarts.
+fn next_attempt() -> u64 {
+    static FIRST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let first = *FIRST.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |t| t.as_nanos() as u64)
+    });
+    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    first.wrapping_add(count).max(1)
 }
 
 #[cfg(test)]
@@ -263,7 +277,7 @@ mod tests {
                 if cut {
                     std::future::pending::<()>().await;
                 }
-                Ok(Response::Control(ControlResponse::Lease {
+                Ok(Response::Master(MasterResponse::Lease {
                     generation: 1,
                     term_ms: TERM.as_millis() as u64,
                     limits: VolumeLimits::default(),
@@ -314,18 +328,4 @@ mod tests {
             Err(_) => panic!("still waiting after {limit:?}"),
         }
     }
-}
-
-/// A name for one attempt to take a lease, unique across this process's attempts and
-/// (by the clock at its first) across its restarts.
-fn next_attempt() -> u64 {
-    static FIRST: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let first = *FIRST.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |t| t.as_nanos() as u64)
-    });
-    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    first.wrapping_add(count).max(1)
 }

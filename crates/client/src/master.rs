@@ -2,7 +2,7 @@
 
 use floe_protocol::connection::CallError;
 use floe_protocol::{
-    ClusterStatus, ConnectionPool, ControlRequest, ControlResponse, Request, Response, Volume,
+    ClusterStatus, ConnectionPool, MasterRequest, MasterResponse, Request, Response, Volume,
     VolumeMap, VolumeSpec,
 };
 use std::time::Duration;
@@ -40,22 +40,22 @@ impl MasterClient {
     }
 
     /// One call, failing as `Closed` without an answer within [`CALL_TIMEOUT`].
-    pub async fn call(&self, request: ControlRequest) -> Result<ControlResponse, CallError> {
+    pub async fn call(&self, request: MasterRequest) -> Result<MasterResponse, CallError> {
         self.call_within(request, CALL_TIMEOUT).await
     }
 
     /// One call, failing as `Closed` without an answer within `limit`.
     pub async fn call_within(
         &self,
-        request: ControlRequest,
+        request: MasterRequest,
         limit: Duration,
-    ) -> Result<ControlResponse, CallError> {
+    ) -> Result<MasterResponse, CallError> {
         match self
             .pool
-            .call_within(&self.address, Request::Control(request), limit)
+            .call_within(&self.address, Request::Master(request), limit)
             .await?
         {
-            Response::Control(reply) => Ok(reply),
+            Response::Master(reply) => Ok(reply),
             other => Err(CallError::BadReply {
                 address: self.address.clone(),
                 reason: format!("{other:?}"),
@@ -64,11 +64,11 @@ impl MasterClient {
     }
 
     pub async fn create_volume(&self, spec: VolumeSpec) -> Result<Volume, CallError> {
-        self.expect_volume(ControlRequest::CreateVolume(spec)).await
+        self.expect_volume(MasterRequest::CreateVolume(spec)).await
     }
 
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<Volume, CallError> {
-        self.expect_volume(ControlRequest::ResizeVolume {
+        self.expect_volume(MasterRequest::ResizeVolume {
             name: name.into(),
             size_bytes,
         })
@@ -82,7 +82,7 @@ impl MasterClient {
         iops: Option<u64>,
         bytes_per_second: Option<u64>,
     ) -> Result<Volume, CallError> {
-        self.expect_volume(ControlRequest::SetQos {
+        self.expect_volume(MasterRequest::SetQos {
             name: name.into(),
             iops,
             bytes_per_second,
@@ -91,43 +91,43 @@ impl MasterClient {
     }
 
     pub async fn delete_volume(&self, name: &str) -> Result<(), CallError> {
-        self.call(ControlRequest::DeleteVolume { name: name.into() })
+        self.call(MasterRequest::DeleteVolume { name: name.into() })
             .await
             .map(drop)
     }
 
     pub async fn list_volumes(&self) -> Result<Vec<Volume>, CallError> {
-        match self.call(ControlRequest::ListVolumes).await? {
-            ControlResponse::Volumes { volumes } => Ok(volumes),
+        match self.call(MasterRequest::ListVolumes).await? {
+            MasterResponse::Volumes { volumes } => Ok(volumes),
             other => Err(self.unexpected(other)),
         }
     }
 
     pub async fn volume_map(&self, name: &str) -> Result<VolumeMap, CallError> {
         match self
-            .call(ControlRequest::GetVolumeMap { name: name.into() })
+            .call(MasterRequest::GetVolumeMap { name: name.into() })
             .await?
         {
-            ControlResponse::VolumeMap(map) => Ok(map),
+            MasterResponse::VolumeMap(map) => Ok(map),
             other => Err(self.unexpected(other)),
         }
     }
 
     pub async fn status(&self) -> Result<ClusterStatus, CallError> {
-        match self.call(ControlRequest::Status).await? {
-            ControlResponse::Status(status) => Ok(*status),
+        match self.call(MasterRequest::Status).await? {
+            MasterResponse::Status(status) => Ok(*status),
             other => Err(self.unexpected(other)),
         }
     }
 
-    async fn expect_volume(&self, request: ControlRequest) -> Result<Volume, CallError> {
+    async fn expect_volume(&self, request: MasterRequest) -> Result<Volume, CallError> {
         match self.call(request).await? {
-            ControlResponse::Volume(volume) => Ok(volume),
+            MasterResponse::Volume(volume) => Ok(volume),
             other => Err(self.unexpected(other)),
         }
     }
 
-    fn unexpected(&self, reply: ControlResponse) -> CallError {
+    fn unexpected(&self, reply: MasterResponse) -> CallError {
         CallError::BadReply {
             address: self.address.clone(),
             reason: format!("unexpected reply {reply:?}"),

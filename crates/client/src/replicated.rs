@@ -32,9 +32,9 @@ use floe_blockdev::IoError;
 use floe_placement::cluster::Placer;
 use floe_protocol::connection::CallError;
 use floe_protocol::{
-    next_version, ChunkId, ChunkPlacement, ClusterMap, ConnectionPool, ControlRequest,
-    ControlResponse, Proposal, Request, Response, ServerId, ServerInfo, Stamp, Status, VolumeMap,
-    VolumeSpec,
+    next_version, ChunkId, ChunkPlacement, ClusterMap, ConnectionPool, MasterRequest,
+    MasterResponse, Proposal, ReplicaRequest, ReplicaResponse, Request, Response, ServerId,
+    ServerInfo, Stamp, Status, VolumeMap, VolumeSpec,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -284,14 +284,14 @@ impl ReplicatedChunks {
         let proposal = self.propose(index);
         let reply = self
             .master
-            .call(ControlRequest::AllocateChunk {
+            .call(MasterRequest::AllocateChunk {
                 volume_id: self.volume_id,
                 index,
                 proposal: proposal.clone(),
             })
             .await
             .map_err(io_error)?;
-        let ControlResponse::Chunk { placement, servers } = reply else {
+        let MasterResponse::Chunk { placement, servers } = reply else {
             return Err(IoError::Io(format!(
                 "master answered allocation with {reply:?}"
             )));
@@ -331,7 +331,7 @@ impl ReplicatedChunks {
         if is_transport(why) {
             self.suspects.lock().unwrap().insert(server, Instant::now());
         }
-        let report = ControlRequest::ReportLaggard {
+        let report = MasterRequest::ReportLaggard {
             volume_id: self.volume_id,
             index,
             server,
@@ -339,7 +339,7 @@ impl ReplicatedChunks {
         let deadline = Instant::now() + REQUEST_DEADLINE;
         loop {
             match tokio::time::timeout(REPLICA_TIMEOUT, self.master.call(report.clone())).await {
-                Ok(Ok(ControlResponse::Chunk { placement, servers })) => {
+                Ok(Ok(MasterResponse::Chunk { placement, servers })) => {
                     return self.absorb(vec![placement], servers)
                 }
                 Ok(Ok(other)) => {
@@ -375,7 +375,7 @@ impl ReplicatedChunks {
             // Our generation raises each replica's fence before it answers: an old
             // writer's late change cannot land after the version we learn (and then
             // make our next change diverge from the replica's history).
-            let request = Request::Control(ControlRequest::ChunkInfo {
+            let request = Request::Replica(ReplicaRequest::ChunkInfo {
                 chunk: self.chunk_id(index),
                 generation: self.lease.as_ref().map_or(0, Lease::generation),
             });
@@ -388,7 +388,7 @@ impl ReplicatedChunks {
             let mut failures = Vec::new();
             for ((id, address), info) in good.iter().zip(infos) {
                 match info {
-                    Ok(Response::Control(ControlResponse::ChunkInfo { version, .. })) => {
+                    Ok(Response::Replica(ReplicaResponse::ChunkInfo { version, .. })) => {
                         versions.push((*id, version))
                     }
                     Err(e) => failures.push((*id, e)),

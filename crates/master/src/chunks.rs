@@ -5,7 +5,7 @@
 use crate::state::chunk_op;
 use crate::Master;
 use crate::Reply;
-use floe_protocol::{ChunkPlacement, ControlResponse, Proposal, ServerId, Status};
+use floe_protocol::{ChunkPlacement, MasterResponse, Proposal, ServerId, Status};
 
 impl Master {
     pub(crate) async fn allocate_chunk(
@@ -75,7 +75,7 @@ impl Master {
                 },
             )
             .await?;
-        Ok(ControlResponse::Chunk {
+        Ok(MasterResponse::Chunk {
             servers: self.state().servers_of(&placement),
             placement,
         })
@@ -116,7 +116,7 @@ impl Master {
                 },
             )
             .await?;
-        Ok(ControlResponse::Chunk {
+        Ok(MasterResponse::Chunk {
             servers: self.state().servers_of(&placement),
             placement,
         })

@@ -5,7 +5,7 @@
 
 use crate::state::{put, State};
 use crate::{Master, Reply};
-use floe_protocol::{ControlResponse, Status, Volume};
+use floe_protocol::{MasterResponse, Status, Volume};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -34,7 +34,7 @@ pub(crate) fn lease_key(volume_id: u64) -> String {
 }
 
 fn granted(volume: &Volume, generation: u32, state: &State) -> Reply {
-    Ok(ControlResponse::Lease {
+    Ok(MasterResponse::Lease {
         generation,
         term_ms: LEASE_TERM.as_millis() as u64,
         limits: state.limits(volume).0,
@@ -203,6 +203,6 @@ impl Master {
                 tracing::info!(volume = %name, generation, "lease released");
             }
         }
-        Ok(ControlResponse::Done)
+        Ok(MasterResponse::Done)
     }
 }

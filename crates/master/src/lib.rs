@@ -33,8 +33,8 @@ pub use membership::HEARTBEAT_TIMEOUT;
 use floe_metadata::{MetaStore, Op};
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
-    ConnectionPool, ControlRequest, ControlResponse, JournalUsage, PlacementMode, Request,
-    Response, Status,
+    ConnectionPool, JournalUsage, MasterRequest, MasterResponse, PlacementMode, Request, Response,
+    Status,
 };
 use state::{store_failed, State};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -80,7 +80,7 @@ pub struct Master {
 }
 
 pub(crate) type Failure = (Status, String);
-pub(crate) type Reply = Result<ControlResponse, Failure>;
+pub(crate) type Reply = Result<MasterResponse, Failure>;
 
 impl Master {
     /// Loads the cluster state from the metadata store; calls to chunk servers go
@@ -138,8 +138,8 @@ impl Master {
     }
 
     /// Hands each request to the module that handles it.
-    async fn control(&self, request: ControlRequest) -> Reply {
-        use ControlRequest as R;
+    async fn control(&self, request: MasterRequest) -> Reply {
+        use MasterRequest as R;
         match request {
             request @ R::Register { .. } => self.register(request).await,
             R::Heartbeat {
@@ -190,32 +190,26 @@ impl Master {
             R::Status => self.status(),
             R::Scrub { name } => recovery::scrub(self, &name)
                 .await
-                .map(ControlResponse::Scrub),
-            R::ChunkInfo { .. }
-            | R::SetView { .. }
-            | R::LogSince { .. }
-            | R::Extents { .. }
-            | R::Repair { .. }
-            | R::Checksum { .. }
-            | R::DropChunk { .. } => Err((
-                Status::BadRequest,
-                "this is the master; replica requests go to chunk servers".into(),
-            )),
+                .map(MasterResponse::Scrub),
         }
     }
 }
 
 impl Handler for Master {
     async fn handle(self: Arc<Self>, request: Request) -> Response {
-        let Request::Control(control) = request else {
-            return Response::error(
+        match request {
+            Request::Master(request) => match self.control(request).await {
+                Ok(reply) => Response::Master(reply),
+                Err((status, message)) => Response::error(status, message),
+            },
+            Request::Replica(_) => Response::error(
+                Status::BadRequest,
+                "this is the master; replica requests go to chunk servers",
+            ),
+            _ => Response::error(
                 Status::BadRequest,
                 "this is the master; data requests go to chunk servers",
-            );
-        };
-        match self.control(control).await {
-            Ok(reply) => Response::Control(reply),
-            Err((status, message)) => Response::error(status, message),
+            ),
         }
     }
 }

@@ -12,8 +12,8 @@ use crate::{recovery, Failure, Master, Reply};
 use floe_metadata::Op;
 use floe_placement::cluster::Placer;
 use floe_protocol::{
-    ChunkId, ChunkPlacement, ClusterMap, ClusterMapInfo, ControlRequest, ControlResponse,
-    MapChange, MapDevice, PlacementMode, ServerId, ServerInfo, Status,
+    ChunkId, ChunkPlacement, ClusterMap, ClusterMapInfo, MapChange, MapDevice, MasterRequest,
+    MasterResponse, PlacementMode, ServerId, ServerInfo, Status,
 };
 use std::sync::Arc;
 
@@ -192,10 +192,10 @@ impl Master {
     }
 
     /// `floe cluster map|expand`, `floe pg remap`, `floe layer shrink|merge`.
-    pub(crate) async fn map_request(&self, request: ControlRequest) -> Reply {
+    pub(crate) async fn map_request(&self, request: MasterRequest) -> Reply {
         match request {
-            ControlRequest::GetClusterMap => {}
-            ControlRequest::ExpandCluster { hosts } => {
+            MasterRequest::GetClusterMap => {}
+            MasterRequest::ExpandCluster { hosts } => {
                 self.change_map(|state| {
                     let devices: Vec<MapDevice> = state
                         .pending_servers()
@@ -219,22 +219,22 @@ impl Master {
                 })
                 .await?;
             }
-            ControlRequest::RemapPg { pg, layer } => {
+            MasterRequest::RemapPg { pg, layer } => {
                 self.change_mapx("pg remap", MapChange::Remap { pg, layer })
                     .await?
             }
-            ControlRequest::ShrinkLayer { layer } => {
+            MasterRequest::ShrinkLayer { layer } => {
                 self.change_mapx("layer shrink", MapChange::Shrink { layer })
                     .await?
             }
-            ControlRequest::MergeLayers { a, b } => {
+            MasterRequest::MergeLayers { a, b } => {
                 self.change_mapx("layer merge", MapChange::Merge { a, b })
                     .await?
             }
             other => unreachable!("not a map request: {other:?}"),
         }
         let state = self.state();
-        Ok(ControlResponse::ClusterMap(Box::new(ClusterMapInfo {
+        Ok(MasterResponse::ClusterMap(Box::new(ClusterMapInfo {
             map: state.map.map.clone(),
             pending: state.pending_servers(),
             layers: state.map.placer.layers(),

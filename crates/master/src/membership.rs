@@ -6,7 +6,7 @@
 
 use crate::state::{put, server_key, State};
 use crate::{Failure, Master, Reply};
-use floe_protocol::{ControlRequest, ControlResponse, JournalUsage, ServerId, ServerInfo, Status};
+use floe_protocol::{JournalUsage, MasterRequest, MasterResponse, ServerId, ServerInfo, Status};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -56,8 +56,8 @@ impl State {
 }
 
 impl Master {
-    pub(crate) async fn register(&self, request: ControlRequest) -> Reply {
-        let ControlRequest::Register {
+    pub(crate) async fn register(&self, request: MasterRequest) -> Reply {
+        let MasterRequest::Register {
             uuid,
             address,
             host,
@@ -113,7 +113,7 @@ impl Master {
                 },
             )
             .await?;
-        Ok(ControlResponse::Registered { id })
+        Ok(MasterResponse::Registered { id })
     }
 
     pub(crate) fn heartbeat(&self, id: ServerId, used_bytes: u64, journal: JournalUsage) -> Reply {
@@ -126,7 +126,7 @@ impl Master {
         server.up = true;
         state.last_heartbeat.insert(id, Instant::now());
         state.journals.insert(id, journal);
-        Ok(ControlResponse::HeartbeatAck {
+        Ok(MasterResponse::HeartbeatAck {
             deleted_volumes: state.deleted_volumes.clone(),
             leases: state
                 .leases
@@ -173,6 +173,6 @@ impl Master {
             },
         )
         .await?;
-        Ok(ControlResponse::Done)
+        Ok(MasterResponse::Done)
     }
 }

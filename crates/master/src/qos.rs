@@ -11,7 +11,7 @@
 use crate::state::State;
 use crate::{Master, Reply};
 use floe_protocol::{
-    ControlResponse, JournalUsage, QosLimits, QosStatus, ServerId, Status, Throttled, Volume,
+    JournalUsage, MasterResponse, QosLimits, QosStatus, ServerId, Status, Throttled, Volume,
     VolumeLimits,
 };
 use std::collections::BTreeSet;
@@ -157,7 +157,7 @@ impl Master {
             bytes_per_second = volume.qos.bytes_per_second,
             "rate limits set"
         );
-        Ok(ControlResponse::Volume(volume))
+        Ok(MasterResponse::Volume(volume))
     }
 }
 
@@ -203,19 +203,19 @@ mod tests {
         )
         .unwrap();
         assert!(volume.qos.is_unlimited());
-        let heartbeat: floe_protocol::ControlRequest =
+        let heartbeat: floe_protocol::MasterRequest =
             serde_json::from_str(r#"{"op":"heartbeat","id":3,"used_bytes":7}"#).unwrap();
         assert!(matches!(
             heartbeat,
-            floe_protocol::ControlRequest::Heartbeat {
+            floe_protocol::MasterRequest::Heartbeat {
                 journal_quota_bytes: 0,
                 ..
             }
         ));
-        let lease: ControlResponse =
+        let lease: MasterResponse =
             serde_json::from_str(r#"{"op":"lease","generation":2,"term_ms":5000}"#).unwrap();
         assert!(
-            matches!(lease, ControlResponse::Lease { limits, .. } if limits == VolumeLimits::default())
+            matches!(lease, MasterResponse::Lease { limits, .. } if limits == VolumeLimits::default())
         );
     }
 

@@ -1,12 +1,12 @@
 //! `floe status`: servers, volumes, recovery, rebalance and rate limits at a glance.
 
 use crate::{recovery, Master, Reply};
-use floe_protocol::{ClusterStatus, ControlResponse};
+use floe_protocol::{ClusterStatus, MasterResponse};
 
 impl Master {
     pub(crate) fn status(&self) -> Reply {
         let state = self.state();
-        Ok(ControlResponse::Status(Box::new(ClusterStatus {
+        Ok(MasterResponse::Status(Box::new(ClusterStatus {
             servers: state.servers.values().cloned().collect(),
             volumes: state.volume_list(),
             recovery: self.recovery.status(&state),

@@ -4,7 +4,7 @@ use crate::lease::lease_key;
 use crate::state::{put, volume_key, State};
 use crate::{Failure, Master, Reply};
 use floe_metadata::Op;
-use floe_protocol::{ControlResponse, Status, Volume, VolumeMap, VolumeSpec};
+use floe_protocol::{MasterResponse, Status, Volume, VolumeMap, VolumeSpec};
 
 impl Master {
     pub(crate) async fn create_volume(&self, spec: VolumeSpec) -> Reply {
@@ -57,11 +57,11 @@ impl Master {
                 },
             )
             .await?;
-        Ok(ControlResponse::Volume(volume))
+        Ok(MasterResponse::Volume(volume))
     }
 
     pub(crate) fn list_volumes(&self) -> Reply {
-        Ok(ControlResponse::Volumes {
+        Ok(MasterResponse::Volumes {
             volumes: self.state().volume_list(),
         })
     }
@@ -76,7 +76,7 @@ impl Master {
             .into_iter()
             .flat_map(|c| c.values().cloned())
             .collect();
-        Ok(ControlResponse::VolumeMap(VolumeMap {
+        Ok(MasterResponse::VolumeMap(VolumeMap {
             volume,
             chunks,
             servers: state.servers.values().cloned().collect(),
@@ -105,7 +105,7 @@ impl Master {
                 Ok(volume)
             })
             .await?;
-        Ok(ControlResponse::Volume(volume))
+        Ok(MasterResponse::Volume(volume))
     }
 
     pub(crate) async fn delete_volume(&self, name: &str) -> Reply {
@@ -138,7 +138,7 @@ impl Master {
             },
         )
         .await?;
-        Ok(ControlResponse::Done)
+        Ok(MasterResponse::Done)
     }
 
     /// Stores the volume `decide` returns, then updates the in-memory copy.

@@ -5,17 +5,17 @@ use floe_master::{Master, Settings, LEASE_DRIFT_MARGIN, LEASE_TERM};
 use floe_metadata::memory::MemoryStore;
 use floe_protocol::server::Handler;
 use floe_protocol::{
-    ConnectionPool, ControlRequest, ControlResponse, DeviceClass, Request, Response, Status,
+    ConnectionPool, DeviceClass, MasterRequest, MasterResponse, Request, Response, Status,
     VolumeMode, VolumeSpec,
 };
 use std::sync::Arc;
 
-async fn call(master: &Arc<Master>, request: ControlRequest) -> Response {
-    master.clone().handle(Request::Control(request)).await
+async fn call(master: &Arc<Master>, request: MasterRequest) -> Response {
+    master.clone().handle(Request::Master(request)).await
 }
 
-fn acquire(holder: &str) -> ControlRequest {
-    ControlRequest::AcquireLease {
+fn acquire(holder: &str) -> MasterRequest {
+    MasterRequest::AcquireLease {
         name: "demo".into(),
         holder: holder.into(),
         attempt: 0,
@@ -33,7 +33,7 @@ async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
         .await
         .unwrap(),
     );
-    let register = ControlRequest::Register {
+    let register = MasterRequest::Register {
         uuid: "a".into(),
         address: "127.0.0.1:1".into(),
         host: "host-a".into(),
@@ -51,11 +51,11 @@ async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
         stripe_count: 1,
         mode: VolumeMode::Ssd,
     };
-    let created = call(&master, ControlRequest::CreateVolume(spec)).await;
-    assert!(matches!(created, Response::Control(_)), "{created:?}");
+    let created = call(&master, MasterRequest::CreateVolume(spec)).await;
+    assert!(matches!(created, Response::Master(_)), "{created:?}");
     let first = call(&master, acquire("gateway a")).await;
     assert!(
-        matches!(first, Response::Control(ControlResponse::Lease { .. })),
+        matches!(first, Response::Master(MasterResponse::Lease { .. })),
         "{first:?}"
     );
 
@@ -78,7 +78,7 @@ async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
     assert!(
         matches!(
             granted,
-            Response::Control(ControlResponse::Lease { generation: 2, .. })
+            Response::Master(MasterResponse::Lease { generation: 2, .. })
         ),
         "{granted:?}"
     );

@@ -9,7 +9,7 @@ use floe_protocol::connection::CallError;
 use floe_protocol::server::Handler;
 use floe_protocol::transport::CallFuture;
 use floe_protocol::{
-    ClusterStatus, ConnectionPool, ControlRequest, ControlResponse, DeviceClass, Request, Response,
+    ClusterStatus, ConnectionPool, DeviceClass, MasterRequest, MasterResponse, Request, Response,
     Status, Transport, VolumeMode, VolumeSpec,
 };
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -64,22 +64,22 @@ impl Transport for Unreachable {
     fn forget(&self, _address: &str) {}
 }
 
-async fn control(master: &Arc<Master>, request: ControlRequest) -> ControlResponse {
-    match master.clone().handle(Request::Control(request)).await {
-        Response::Control(reply) => reply,
+async fn control(master: &Arc<Master>, request: MasterRequest) -> MasterResponse {
+    match master.clone().handle(Request::Master(request)).await {
+        Response::Master(reply) => reply,
         other => panic!("master answered {other:?}"),
     }
 }
 
 async fn status(master: &Arc<Master>) -> ClusterStatus {
-    match control(master, ControlRequest::Status).await {
-        ControlResponse::Status(status) => *status,
+    match control(master, MasterRequest::Status).await {
+        MasterResponse::Status(status) => *status,
         other => panic!("status answered {other:?}"),
     }
 }
 
-fn heartbeat(id: u32) -> ControlRequest {
-    ControlRequest::Heartbeat {
+fn heartbeat(id: u32) -> MasterRequest {
+    MasterRequest::Heartbeat {
         id,
         used_bytes: 0,
         journal_used_bytes: 0,
@@ -113,7 +113,7 @@ async fn cluster(store: &SlowStore, peers: Arc<Unreachable>) -> (Arc<Master>, Ve
     for host in ["a", "b", "c"] {
         let registered = control(
             &master,
-            ControlRequest::Register {
+            MasterRequest::Register {
                 uuid: host.into(),
                 address: format!("{host}:7701"),
                 host: host.into(),
@@ -123,21 +123,21 @@ async fn cluster(store: &SlowStore, peers: Arc<Unreachable>) -> (Arc<Master>, Ve
             },
         )
         .await;
-        let ControlResponse::Registered { id } = registered else {
+        let MasterResponse::Registered { id } = registered else {
             panic!("register answered {registered:?}");
         };
         ids.push(id);
     }
-    let created = control(&master, ControlRequest::CreateVolume(volume("vm"))).await;
-    let ControlResponse::Volume(vm) = created else {
+    let created = control(&master, MasterRequest::CreateVolume(volume("vm"))).await;
+    let MasterResponse::Volume(vm) = created else {
         panic!("create answered {created:?}");
     };
     control(&master, allocate(vm.id, 0)).await;
     (master, ids, vm.id)
 }
 
-fn allocate(volume_id: u64, index: u64) -> ControlRequest {
-    ControlRequest::AllocateChunk {
+fn allocate(volume_id: u64, index: u64) -> MasterRequest {
+    MasterRequest::AllocateChunk {
         volume_id,
         index,
         proposal: None,
@@ -158,12 +158,12 @@ fn keep_alive(master: &Arc<Master>, ids: Vec<u32>) {
 }
 
 async fn acquire(master: &Arc<Master>, holder: &str) -> Response {
-    let request = ControlRequest::AcquireLease {
+    let request = MasterRequest::AcquireLease {
         name: "vm".into(),
         holder: holder.into(),
         attempt: 0,
     };
-    master.clone().handle(Request::Control(request)).await
+    master.clone().handle(Request::Master(request)).await
 }
 
 #[tokio::test(start_paused = true)]
@@ -177,7 +177,7 @@ async fn a_slow_metadata_write_delays_no_heartbeat_and_downs_no_server() {
         let master = master.clone();
         tokio::spawn(async move {
             control(&master, allocate(vm, 1)).await;
-            control(&master, ControlRequest::CreateVolume(volume("other"))).await
+            control(&master, MasterRequest::CreateVolume(volume("other"))).await
         })
     };
     let started = Instant::now();
@@ -186,7 +186,7 @@ async fn a_slow_metadata_write_delays_no_heartbeat_and_downs_no_server() {
         for id in &ids {
             let sent = Instant::now();
             let reply = control(&master, heartbeat(*id)).await;
-            assert!(matches!(reply, ControlResponse::HeartbeatAck { .. }));
+            assert!(matches!(reply, MasterResponse::HeartbeatAck { .. }));
             assert!(
                 sent.elapsed() < HEARTBEAT_INTERVAL,
                 "heartbeat of server {id} answered after {:?}",
@@ -202,7 +202,7 @@ async fn a_slow_metadata_write_delays_no_heartbeat_and_downs_no_server() {
         );
         assert_eq!(status.recovery.degraded_chunks, 0);
     }
-    assert!(matches!(slow.await.unwrap(), ControlResponse::Volume(_)));
+    assert!(matches!(slow.await.unwrap(), MasterResponse::Volume(_)));
     assert_eq!(
         peers.calls.load(Ordering::SeqCst),
         0,
@@ -216,7 +216,7 @@ async fn a_slow_metadata_write_delays_no_heartbeat_and_downs_no_server() {
 async fn a_renewal_during_a_stored_grant_is_fenced_by_it() {
     let store = SlowStore::default();
     let (master, _, _) = cluster(&store, Default::default()).await;
-    let Response::Control(ControlResponse::Lease { generation, .. }) = acquire(&master, "a").await
+    let Response::Master(MasterResponse::Lease { generation, .. }) = acquire(&master, "a").await
     else {
         panic!("no lease");
     };
@@ -227,11 +227,11 @@ async fn a_renewal_during_a_stored_grant_is_fenced_by_it() {
         tokio::spawn(async move { acquire(&master, "b").await })
     };
     tokio::time::sleep(SLOW_WRITE / 2).await;
-    let renewal = ControlRequest::RenewLease {
+    let renewal = MasterRequest::RenewLease {
         name: "vm".into(),
         generation,
     };
-    let renewed = master.clone().handle(Request::Control(renewal)).await;
+    let renewed = master.clone().handle(Request::Master(renewal)).await;
     assert!(
         matches!(
             renewed,
@@ -244,7 +244,7 @@ async fn a_renewal_during_a_stored_grant_is_fenced_by_it() {
     );
     assert!(matches!(
         grant.await.unwrap(),
-        Response::Control(ControlResponse::Lease { generation: g, .. }) if g == generation + 1
+        Response::Master(MasterResponse::Lease { generation: g, .. }) if g == generation + 1
     ));
 }
 
@@ -256,19 +256,19 @@ async fn concurrent_changes_hand_out_ids_and_generations_once() {
     let (master, ids, vm) = cluster(&store, Default::default()).await;
     keep_alive(&master, ids);
     *store.delay.lock().unwrap() = SLOW_WRITE;
-    let spawn = |request: ControlRequest| {
+    let spawn = |request: MasterRequest| {
         let master = master.clone();
-        tokio::spawn(async move { master.handle(Request::Control(request)).await })
+        tokio::spawn(async move { master.handle(Request::Master(request)).await })
     };
     let creates: Vec<_> = ["x", "y"]
         .iter()
-        .map(|name| spawn(ControlRequest::CreateVolume(volume(name))))
+        .map(|name| spawn(MasterRequest::CreateVolume(volume(name))))
         .collect();
     let allocations: Vec<_> = (0..2).map(|_| spawn(allocate(vm, 1))).collect();
     let grants: Vec<_> = ["a", "b"]
         .iter()
         .map(|holder| {
-            spawn(ControlRequest::AcquireLease {
+            spawn(MasterRequest::AcquireLease {
                 name: "vm".into(),
                 holder: holder.to_string(),
                 attempt: 0,
@@ -277,7 +277,7 @@ async fn concurrent_changes_hand_out_ids_and_generations_once() {
         .collect();
     let mut ids = Vec::new();
     for create in creates {
-        let Response::Control(ControlResponse::Volume(volume)) = create.await.unwrap() else {
+        let Response::Master(MasterResponse::Volume(volume)) = create.await.unwrap() else {
             panic!("volume not created");
         };
         ids.push(volume.id);
@@ -286,7 +286,7 @@ async fn concurrent_changes_hand_out_ids_and_generations_once() {
     assert_eq!(ids, [vm + 1, vm + 2]);
     let mut placements = Vec::new();
     for allocation in allocations {
-        let Response::Control(ControlResponse::Chunk { placement, .. }) = allocation.await.unwrap()
+        let Response::Master(MasterResponse::Chunk { placement, .. }) = allocation.await.unwrap()
         else {
             panic!("chunk not allocated");
         };
@@ -296,7 +296,7 @@ async fn concurrent_changes_hand_out_ids_and_generations_once() {
     let mut granted = 0;
     for grant in grants {
         match grant.await.unwrap() {
-            Response::Control(ControlResponse::Lease { generation: 1, .. }) => granted += 1,
+            Response::Master(MasterResponse::Lease { generation: 1, .. }) => granted += 1,
             Response::Error {
                 status: Status::Busy,
                 ..
@@ -316,7 +316,7 @@ async fn a_failed_store_write_leaves_memory_as_it_was() {
     store.failing.store(true, Ordering::SeqCst);
     let refused = master
         .clone()
-        .handle(Request::Control(ControlRequest::CreateVolume(volume("x"))))
+        .handle(Request::Master(MasterRequest::CreateVolume(volume("x"))))
         .await;
     assert!(matches!(
         refused,
@@ -332,21 +332,21 @@ async fn a_failed_store_write_leaves_memory_as_it_was() {
             ..
         }
     ));
-    let ControlResponse::Volumes { volumes } = control(&master, ControlRequest::ListVolumes).await
+    let MasterResponse::Volumes { volumes } = control(&master, MasterRequest::ListVolumes).await
     else {
         panic!("no volume list");
     };
     assert_eq!(volumes.len(), 1);
     store.failing.store(false, Ordering::SeqCst);
-    let ControlResponse::Volume(x) =
-        control(&master, ControlRequest::CreateVolume(volume("x"))).await
+    let MasterResponse::Volume(x) =
+        control(&master, MasterRequest::CreateVolume(volume("x"))).await
     else {
         panic!("volume not created");
     };
     assert_eq!(x.id, vm + 1);
     assert!(matches!(
         acquire(&master, "a").await,
-        Response::Control(ControlResponse::Lease { generation: 1, .. })
+        Response::Master(MasterResponse::Lease { generation: 1, .. })
     ));
 }
 

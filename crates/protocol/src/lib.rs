@@ -3,7 +3,8 @@
 //! - [`frame`]: bytes <-> frames: a fixed header (magic, kind, status, request id,
 //!   payload length, crc32c of the payload) and the payload.
 //! - [`message`]: the requests and responses carried in frames; the data path is a
-//!   hand-packed binary layout, the control plane (master) JSON bodies.
+//!   hand-packed binary layout, the control plane (requests to the master, and to chunk
+//!   servers about their replicas: separate types and frame kinds) JSON bodies.
 //! - [`types`]: cluster objects shared by every process (volumes, servers, chunks).
 //! - [`connection`]: a pipelined client connection: many requests in flight, replies
 //!   matched by request id, outgoing frames batched into few socket writes.
@@ -23,10 +24,11 @@ pub mod types;
 pub use connection::{Connection, TcpTransport};
 pub use frame::{Frame, FrameError, Status};
 pub use message::{
-    ClusterMapInfo, ControlRequest, ControlResponse, LayerInfo, Proposal, Request, Response,
+    ClusterMapInfo, LayerInfo, MasterRequest, MasterResponse, Proposal, ReplicaRequest,
+    ReplicaResponse, Request, Response,
 };
 pub use transport::{ConnectionPool, Transport};
 pub use types::*;
 
 /// Bumped on any incompatible change of frames or messages.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;

@@ -1,8 +1,10 @@
 //! Requests and responses, and their encoding into [`Frame`]s.
 //!
 //! Data-path messages (write, read, zero) are packed by hand, little-endian, with the
-//! data last so it is never copied behind the fields. Control-plane messages to the
-//! master are rare and carry JSON, which keeps them easy to evolve and to debug.
+//! data last so it is never copied behind the fields. Control-plane messages are rare
+//! and carry JSON, which keeps them easy to evolve and to debug; those to the master
+//! ([`MasterRequest`]) and those to chunk servers ([`ReplicaRequest`]) are separate
+//! types with separate frame kinds, so a request cannot be sent to the wrong role.
 
 use crate::frame::{Frame, FrameError, Status};
 use crate::types::*;
@@ -13,7 +15,8 @@ const KIND_HELLO: u16 = 1;
 const KIND_WRITE: u16 = 2;
 const KIND_READ: u16 = 3;
 const KIND_ZERO: u16 = 4;
-const KIND_CONTROL: u16 = 5;
+const KIND_MASTER: u16 = 5;
+const KIND_REPLICA: u16 = 6;
 
 /// Bounds the backup list a primary will forward to.
 pub const FORWARD_MAX: usize = 8;
@@ -48,7 +51,10 @@ pub enum Request {
         punch: bool,
         forward: Vec<String>,
     },
-    Control(ControlRequest),
+    /// A request to the master.
+    Master(MasterRequest),
+    /// A control request to a chunk server about one of its replicas.
+    Replica(ReplicaRequest),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +62,8 @@ pub enum Response {
     Hello { version: u32 },
     Done,
     Data(Bytes),
-    Control(ControlResponse),
+    Master(MasterResponse),
+    Replica(ReplicaResponse),
     Error { status: Status, message: String },
 }
 
@@ -69,9 +76,10 @@ impl Response {
     }
 }
 
+/// The requests the master serves, from chunk servers, writers and the CLI.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum ControlRequest {
+pub enum MasterRequest {
     Register {
         uuid: String,
         address: String,
@@ -175,8 +183,13 @@ pub enum ControlRequest {
     Scrub {
         name: String,
     },
+}
 
-    // Chunk-server requests, sent by the master, writers and repairing peers.
+/// The control requests a chunk server serves about its replicas, from the master,
+/// writers and repairing peers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ReplicaRequest {
     /// The replica's view and durable version. A writer taking over a volume sends
     /// its lease `generation`: the server fences older writers of the volume before
     /// it answers, so none of their changes can land after the version it reports
@@ -188,20 +201,12 @@ pub enum ControlRequest {
     },
     /// Moves the replica to `view` (it then refuses changes stamped with an older
     /// one) and reports its state once its queued changes are durable.
-    SetView {
-        chunk: ChunkId,
-        view: u64,
-    },
+    SetView { chunk: ChunkId, view: u64 },
     /// The ranges changed after `since`, from the journal lite; `NotFound` when it
     /// does not reach back that far.
-    LogSince {
-        chunk: ChunkId,
-        since: u64,
-    },
+    LogSince { chunk: ChunkId, since: u64 },
     /// The ranges holding data (everything else is a hole).
-    Extents {
-        chunk: ChunkId,
-    },
+    Extents { chunk: ChunkId },
     /// Brings this replica up to date from the replica at `source`: incrementally
     /// when `source`'s journal lite reaches back far enough (and `full` is false),
     /// else by copying the whole chunk, at most `bytes_per_second`.
@@ -212,16 +217,10 @@ pub enum ControlRequest {
         bytes_per_second: u64,
     },
     /// crc32c of the replica's first `length` bytes, with its version.
-    Checksum {
-        chunk: ChunkId,
-        length: u64,
-    },
+    Checksum { chunk: ChunkId, length: u64 },
     /// The replica moved elsewhere in `view`: free its data, unless it has joined a
     /// later view since.
-    DropChunk {
-        chunk: ChunkId,
-        view: u64,
-    },
+    DropChunk { chunk: ChunkId, view: u64 },
 }
 
 /// A writer's placement of a new chunk, from the cluster map at `epoch`.
@@ -232,9 +231,10 @@ pub struct Proposal {
     pub replicas: Vec<ServerId>,
 }
 
+/// The master's replies to [`MasterRequest`]s.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum ControlResponse {
+pub enum MasterResponse {
     Registered {
         id: ServerId,
     },
@@ -262,6 +262,15 @@ pub enum ControlResponse {
         #[serde(default)]
         limits: VolumeLimits,
     },
+    Scrub(ScrubReport),
+    ClusterMap(Box<ClusterMapInfo>),
+}
+
+/// A chunk server's replies to [`ReplicaRequest`]s.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ReplicaResponse {
+    Done,
     ChunkInfo {
         view: u64,
         version: u64,
@@ -281,8 +290,6 @@ pub enum ControlResponse {
         version: u64,
         crc: u32,
     },
-    Scrub(ScrubReport),
-    ClusterMap(Box<ClusterMapInfo>),
 }
 
 /// The cluster map as `floe cluster map` shows it.
@@ -385,6 +392,13 @@ impl Fields {
         }
         Ok(out)
     }
+    /// The rest of the payload, as JSON.
+    fn json<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, FrameError> {
+        let value =
+            serde_json::from_slice(&self.buf).map_err(|_| FrameError::Malformed(self.what))?;
+        self.buf.clear();
+        Ok(value)
+    }
     fn end(&self) -> Result<(), FrameError> {
         if self.buf.has_remaining() {
             Err(FrameError::Malformed(self.what))
@@ -445,9 +459,13 @@ impl Request {
                 put_forward(&mut f, forward);
                 KIND_ZERO
             }
-            Request::Control(c) => {
-                f.extend_from_slice(&serde_json::to_vec(c).expect("control requests serialize"));
-                KIND_CONTROL
+            Request::Master(m) => {
+                f.extend_from_slice(&serde_json::to_vec(m).expect("master requests serialize"));
+                KIND_MASTER
+            }
+            Request::Replica(r) => {
+                f.extend_from_slice(&serde_json::to_vec(r).expect("replica requests serialize"));
+                KIND_REPLICA
             }
         };
         Frame {
@@ -495,11 +513,8 @@ impl Request {
                 punch: r.u8()? != 0,
                 forward: r.forward()?,
             },
-            KIND_CONTROL => {
-                let c = serde_json::from_slice(&r.buf).map_err(|_| FrameError::Malformed(what))?;
-                r.buf.clear();
-                Request::Control(c)
-            }
+            KIND_MASTER => Request::Master(r.json()?),
+            KIND_REPLICA => Request::Replica(r.json()?),
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -513,7 +528,8 @@ impl Request {
             Request::Write { .. } => KIND_WRITE,
             Request::Read { .. } => KIND_READ,
             Request::Zero { .. } => KIND_ZERO,
-            Request::Control(_) => KIND_CONTROL,
+            Request::Master(_) => KIND_MASTER,
+            Request::Replica(_) => KIND_REPLICA,
         }
     }
 }
@@ -528,8 +544,11 @@ impl Response {
             Response::Hello { version } => f.put_u32_le(*version),
             Response::Done => {}
             Response::Data(d) => data = d.clone(),
-            Response::Control(c) => {
-                f.extend_from_slice(&serde_json::to_vec(c).expect("control responses serialize"))
+            Response::Master(m) => {
+                f.extend_from_slice(&serde_json::to_vec(m).expect("master responses serialize"))
+            }
+            Response::Replica(r) => {
+                f.extend_from_slice(&serde_json::to_vec(r).expect("replica responses serialize"))
             }
             Response::Error { status: s, message } => {
                 status = *s;
@@ -561,11 +580,8 @@ impl Response {
             KIND_HELLO => Response::Hello { version: r.u32()? },
             KIND_WRITE | KIND_ZERO => Response::Done,
             KIND_READ => Response::Data(std::mem::take(&mut r.buf)),
-            KIND_CONTROL => {
-                let c = serde_json::from_slice(&r.buf).map_err(|_| FrameError::Malformed(what))?;
-                r.buf.clear();
-                Response::Control(c)
-            }
+            KIND_MASTER => Response::Master(r.json()?),
+            KIND_REPLICA => Response::Replica(r.json()?),
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -620,9 +636,51 @@ mod tests {
             punch: true,
             forward: vec![],
         });
-        roundtrip(Request::Control(ControlRequest::GetVolumeMap {
+        roundtrip(Request::Master(MasterRequest::GetVolumeMap {
             name: "demo".into(),
         }));
+        roundtrip(Request::Replica(ReplicaRequest::ChunkInfo {
+            chunk,
+            generation: 4,
+        }));
+    }
+
+    #[test]
+    fn control_responses_round_trip_under_their_request_kind() {
+        let replies = [
+            (
+                KIND_MASTER,
+                Response::Master(MasterResponse::Registered { id: 3 }),
+            ),
+            (KIND_MASTER, Response::Master(MasterResponse::Done)),
+            (
+                KIND_REPLICA,
+                Response::Replica(ReplicaResponse::Checksum { version: 5, crc: 6 }),
+            ),
+            (KIND_REPLICA, Response::Replica(ReplicaResponse::Done)),
+        ];
+        for (kind, reply) in replies {
+            assert_eq!(Response::decode(reply.encode(kind, 1)).unwrap(), reply);
+        }
+    }
+
+    /// A replica request in a master frame, or the reverse, does not decode: the
+    /// server answers it as malformed.
+    #[test]
+    fn control_requests_do_not_decode_under_the_other_role() {
+        let chunk = ChunkId {
+            volume_id: 1,
+            index: 2,
+        };
+        let replica = Request::Replica(ReplicaRequest::Checksum { chunk, length: 4 }).encode(1);
+        let master = Request::Master(MasterRequest::Scrub { name: "v".into() }).encode(2);
+        for (frame, kind) in [(replica, KIND_MASTER), (master, KIND_REPLICA)] {
+            let misdirected = Frame { kind, ..frame };
+            assert!(matches!(
+                Request::decode(misdirected),
+                Err(FrameError::Malformed("request"))
+            ));
+        }
     }
 
     #[test]
@@ -644,11 +702,13 @@ mod tests {
             };
             assert!(Request::decode(truncated).is_err());
         }
-        let garbage = Frame {
-            kind: KIND_CONTROL,
-            fields: Bytes::from_static(b"{not json"),
-            ..frame
-        };
-        assert!(Request::decode(garbage).is_err());
+        for kind in [KIND_MASTER, KIND_REPLICA] {
+            let garbage = Frame {
+                kind,
+                fields: Bytes::from_static(b"{not json"),
+                ..frame.clone()
+            };
+            assert!(Request::decode(garbage).is_err());
+        }
     }
 }

@@ -5,7 +5,7 @@
 use crate::cluster::{open, Cluster, VOLUME};
 use crate::ledger::{Ack, Ledger, BLOCK_BYTES};
 use crate::observe::Grant;
-use floe_protocol::{ChunkId, ControlRequest, ControlResponse, Request, Response};
+use floe_protocol::{ChunkId, ReplicaRequest, ReplicaResponse, Request, Response};
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::Duration;
@@ -120,12 +120,12 @@ pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
         let (committed, acked_by) = network.observations.committed(chunk, majority);
         let mut seen = BTreeSet::new();
         for server in &servers {
-            let request = Request::Control(ControlRequest::Checksum {
+            let request = Request::Replica(ReplicaRequest::Checksum {
                 chunk,
                 length: map.volume.spec.chunk_bytes,
             });
             match pool.call(&server.address, request).await {
-                Ok(Response::Control(ControlResponse::Checksum { version, crc })) => {
+                Ok(Response::Replica(ReplicaResponse::Checksum { version, crc })) => {
                     if version < committed {
                         violations.push(format!(
                             "chunk {} on server {} holds version {version:#x}, below the \

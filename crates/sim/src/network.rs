@@ -301,7 +301,7 @@ impl Network {
         let Some(target) = target else {
             return std::future::pending().await;
         };
-        let kind = request_kind(&request);
+        let kind = u64::from(request.kind());
         let refused = || CallError::Connect {
             address: address.clone(),
             reason: "connection refused".into(),
@@ -341,8 +341,11 @@ impl Network {
             });
         }
         match &request {
-            Request::Control(floe_protocol::ControlRequest::Heartbeat { .. }) => {}
-            Request::Control(control) => {
+            Request::Master(floe_protocol::MasterRequest::Heartbeat { .. }) => {}
+            Request::Master(control) => {
+                tracing::debug!(from = from.0, to = %address, "delivered {control:?}")
+            }
+            Request::Replica(control) => {
                 tracing::debug!(from = from.0, to = %address, "delivered {control:?}")
             }
             Request::Write { chunk, stamp, .. } | Request::Zero { chunk, stamp, .. } => {
@@ -374,16 +377,6 @@ impl Network {
             Response::Error { status, message } => Err(CallError::Remote { status, message }),
             response => Ok(response),
         }
-    }
-}
-
-fn request_kind(request: &Request) -> u64 {
-    match request {
-        Request::Hello { .. } => 1,
-        Request::Write { .. } => 2,
-        Request::Read { .. } => 3,
-        Request::Zero { .. } => 4,
-        Request::Control(_) => 5,
     }
 }
 

@@ -2,7 +2,7 @@
 //! check) and the changes replicas acknowledge, by chunk and version (a version must
 //! never stand for two different changes).
 
-use floe_protocol::{ChunkId, ControlRequest, ControlResponse, Request, Response};
+use floe_protocol::{ChunkId, MasterRequest, MasterResponse, Request, Response};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -48,8 +48,8 @@ impl Observations {
         let mut inner = self.inner.lock().unwrap();
         match (request, response) {
             (
-                Request::Control(ControlRequest::AcquireLease { holder, .. }),
-                Response::Control(ControlResponse::Lease { generation, .. }),
+                Request::Master(MasterRequest::AcquireLease { holder, .. }),
+                Response::Master(MasterResponse::Lease { generation, .. }),
             ) => {
                 // A resent request's answer: the same grant again.
                 let last = inner.grants.last();

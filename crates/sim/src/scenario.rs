@@ -7,7 +7,7 @@ use crate::ledger::Ledger;
 use crate::network::{Faults, Network};
 use crate::workload::{worker, GROUP_BLOCKS};
 use floe_protocol::connection::CallError;
-use floe_protocol::{ControlRequest, PlacementMode, VolumeMode, VolumeSpec};
+use floe_protocol::{MasterRequest, PlacementMode, VolumeMode, VolumeSpec};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -178,7 +178,7 @@ impl Run {
             stripe_count: 2,
             mode: VolumeMode::Ssd,
         };
-        self.admin_call(ControlRequest::CreateVolume(spec), "create the volume")
+        self.admin_call(MasterRequest::CreateVolume(spec), "create the volume")
             .await?;
         let mut groups: Vec<u64> = (0..(4 << 20) / 4096 / GROUP_BLOCKS).collect();
         groups.shuffle(&mut self.rng);
@@ -385,11 +385,8 @@ impl Run {
                     "cs{n} joins on a new host; the operator expands the map"
                 ));
                 self.cluster.start_server(n)?;
-                self.admin_call(
-                    ControlRequest::ExpandCluster { hosts: Vec::new() },
-                    "expand",
-                )
-                .await?;
+                self.admin_call(MasterRequest::ExpandCluster { hosts: Vec::new() }, "expand")
+                    .await?;
             }
         }
         Ok(())
@@ -398,7 +395,7 @@ impl Run {
     /// An operator's command: retried (with scheduled work going on) until the master
     /// takes it, as an operator would; a refusal saying it is done already (the reply
     /// to an earlier try was lost) counts as done.
-    async fn admin_call(&mut self, request: ControlRequest, what: &str) -> Result<(), String> {
+    async fn admin_call(&mut self, request: MasterRequest, what: &str) -> Result<(), String> {
         let give_up = self.network.now() + OPEN_TIME_MAX;
         loop {
             let reply = tokio::time::timeout(
@@ -435,7 +432,7 @@ impl Run {
             }
             self.run_for(Duration::from_millis(500)).await;
         };
-        self.admin_call(ControlRequest::MarkLost { id }, "mark lost")
+        self.admin_call(MasterRequest::MarkLost { id }, "mark lost")
             .await
     }
 

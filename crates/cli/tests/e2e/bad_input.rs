@@ -15,9 +15,12 @@ use std::time::Duration;
 const MAGIC: u32 = 0x464c_4f45;
 const HEADER: usize = 24;
 /// The wire protocol version this suite speaks (floe_protocol::PROTOCOL_VERSION).
-const PROTOCOL: u32 = 2;
+const PROTOCOL: u32 = 3;
 const KIND_HELLO: u16 = 1;
 const KIND_READ: u16 = 3;
+/// A request to the master, and a chunk server's control request about a replica.
+const KIND_MASTER: u16 = 5;
+const KIND_REPLICA: u16 = 6;
 const STATUS_OK: u16 = 0;
 const STATUS_BAD_REQUEST: u16 = 1;
 const STATUS_VERSION_MISMATCH: u16 = 6;
@@ -352,6 +355,61 @@ print('TAIL OK')
         "{all}"
     );
     qemu_io(uri, &["read -P 0x42 1073737728 4k", "read -P 0x77 5M 1M"]);
+}
+
+impl Raw {
+    /// Sends a control request of `kind` and returns the reply's status and text.
+    fn control(&mut self, kind: u16, request_id: u64, json: &str) -> (u16, String) {
+        self.send(&frame(kind, request_id, json.as_bytes()));
+        let reply = self.frame();
+        assert_eq!(reply.request_id, request_id);
+        (
+            reply.status,
+            String::from_utf8_lossy(&reply.payload).into_owned(),
+        )
+    }
+}
+
+/// A replica request sent to the master and a master request sent to a chunk server
+/// are refused with a reason, and so is either one's body under the other's frame
+/// kind; the connection, the servers and the cluster live on.
+#[test]
+fn control_requests_to_the_wrong_role_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path());
+    let status = r#"{"op":"status"}"#;
+    let checksum = r#"{"op":"checksum","chunk":{"volume_id":1,"index":0},"length":4096}"#;
+
+    let mut master = Raw::connect(cluster.port);
+    master.greet();
+    let (code, text) = master.control(KIND_REPLICA, 2, checksum);
+    assert_eq!(code, STATUS_BAD_REQUEST, "{text}");
+    assert!(text.contains("this is the master; replica requests go to chunk servers"));
+    let (code, text) = master.control(KIND_MASTER, 3, checksum);
+    assert_eq!(code, STATUS_BAD_REQUEST, "{text}");
+    assert!(text.contains("malformed request"), "{text}");
+    let (code, text) = master.control(KIND_MASTER, 4, status);
+    assert_eq!(code, STATUS_OK, "{text}");
+
+    let mut chunkserver = Raw::connect(cluster.port + 1);
+    chunkserver.greet();
+    let (code, text) = chunkserver.control(KIND_MASTER, 2, status);
+    assert_eq!(code, STATUS_BAD_REQUEST, "{text}");
+    assert!(text.contains("this is a chunk server; send cluster requests to the master"));
+    let (code, text) = chunkserver.control(KIND_REPLICA, 3, status);
+    assert_eq!(code, STATUS_BAD_REQUEST, "{text}");
+    assert!(text.contains("malformed request"), "{text}");
+    let (code, text) = chunkserver.control(KIND_REPLICA, 4, checksum);
+    assert_eq!(code, STATUS_OK, "{text}");
+
+    assert!(alive(cluster.info.master_pid), "master died");
+    for &pid in &cluster.info.chunkserver_pids {
+        assert!(alive(pid), "chunkserver (pid {pid}) died");
+    }
+    let list = cluster.floe(&["volume", "list"]);
+    assert!(row(&list, "demo").is_some(), "{list}");
+    let uri = cluster.uri();
+    qemu_io(uri, &["write -P 0x5a 0 64k", "read -P 0x5a 0 64k"]);
 }
 
 /// Exactly one non-empty line on stderr, mentioning `keyword`.

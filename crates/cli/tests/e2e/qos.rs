@@ -7,7 +7,7 @@ use crate::fio_job::{interrupt, iops_log, json_report, FioJob, IopsSample};
 use crate::io_helpers::{floe_output, text, wait_for_file};
 use floe_client::master::MasterClient;
 use floe_protocol::{
-    ControlRequest, ControlResponse, DeviceClass, QosLimits, ServerId, VolumeLimits, VolumeMode,
+    DeviceClass, MasterRequest, MasterResponse, QosLimits, ServerId, VolumeLimits, VolumeMode,
     VolumeSpec,
 };
 use std::path::Path;
@@ -273,7 +273,7 @@ impl Drop for Master {
     }
 }
 
-async fn call(master: &MasterClient, request: ControlRequest) -> ControlResponse {
+async fn call(master: &MasterClient, request: MasterRequest) -> MasterResponse {
     let what = format!("{request:?}");
     master
         .call(request)
@@ -287,7 +287,7 @@ async fn heartbeat(master: &MasterClient, ids: &[ServerId], full: ServerId, jour
         let (used, quota) = if id == full { journal } else { (0, 0) };
         call(
             master,
-            ControlRequest::Heartbeat {
+            MasterRequest::Heartbeat {
                 id,
                 used_bytes: 0,
                 journal_used_bytes: used,
@@ -299,12 +299,12 @@ async fn heartbeat(master: &MasterClient, ids: &[ServerId], full: ServerId, jour
 }
 
 async fn renew(master: &MasterClient, generation: u32) -> VolumeLimits {
-    let reply = ControlRequest::RenewLease {
+    let reply = MasterRequest::RenewLease {
         name: "pressed".into(),
         generation,
     };
     match call(master, reply).await {
-        ControlResponse::Lease { limits, .. } => limits,
+        MasterResponse::Lease { limits, .. } => limits,
         other => panic!("renewal answered {other:?}"),
     }
 }
@@ -341,7 +341,7 @@ fn journal_pressure_throttles_writes_until_it_drains() {
         }
         let mut ids = Vec::new();
         for i in 0..4 {
-            let register = ControlRequest::Register {
+            let register = MasterRequest::Register {
                 uuid: format!("fake-{i}"),
                 address: format!("127.0.0.1:{}", 1 + i),
                 host: format!("host-{i}"),
@@ -350,7 +350,7 @@ fn journal_pressure_throttles_writes_until_it_drains() {
                 emulated: false,
             };
             match call(&master, register).await {
-                ControlResponse::Registered { id } => ids.push(id),
+                MasterResponse::Registered { id } => ids.push(id),
                 other => panic!("registration answered {other:?}"),
             }
         }
@@ -368,20 +368,20 @@ fn journal_pressure_throttles_writes_until_it_drains() {
             .unwrap();
         master.set_qos("pressed", Some(1000), None).await.unwrap();
         let volume_id = master.volume_map("pressed").await.unwrap().volume.id;
-        let allocate = ControlRequest::AllocateChunk {
+        let allocate = MasterRequest::AllocateChunk {
             volume_id,
             index: 0,
             proposal: None,
         };
-        let ControlResponse::Chunk { placement, .. } = call(&master, allocate).await else {
+        let MasterResponse::Chunk { placement, .. } = call(&master, allocate).await else {
             panic!("no placement");
         };
-        let acquire = ControlRequest::AcquireLease {
+        let acquire = MasterRequest::AcquireLease {
             name: "pressed".into(),
             holder: "qos test".into(),
             attempt: 0,
         };
-        let ControlResponse::Lease {
+        let MasterResponse::Lease {
             generation, limits, ..
         } = call(&master, acquire).await
         else {

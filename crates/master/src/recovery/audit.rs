@@ -6,7 +6,7 @@
 
 use super::plan::quorum;
 use crate::Master;
-use floe_protocol::{generation_of, ChunkId, ChunkPlacement, ControlRequest, ServerId};
+use floe_protocol::{generation_of, ChunkId, ChunkPlacement, ReplicaRequest, ServerId};
 use futures::StreamExt;
 
 /// Chunks compared at once.
@@ -51,7 +51,7 @@ impl Master {
             (members, quorum(&placement, &state.servers))
         };
         // Generation 0: the master fences no writer.
-        let request = ControlRequest::ChunkInfo {
+        let request = ReplicaRequest::ChunkInfo {
             chunk,
             generation: 0,
         };

@@ -3,7 +3,7 @@
 use crate::{Failure, Master};
 use floe_protocol::connection::CallError;
 use floe_protocol::{
-    ChunkId, ControlRequest, ControlResponse, Request, Response, ServerInfo, Status,
+    ChunkId, ReplicaRequest, ReplicaResponse, Request, Response, ServerInfo, Status,
 };
 use std::time::Duration;
 
@@ -44,18 +44,18 @@ impl Master {
     pub(super) async fn ask(
         &self,
         address: &str,
-        request: ControlRequest,
-    ) -> Result<ControlResponse, CallError> {
+        request: ReplicaRequest,
+    ) -> Result<ReplicaResponse, CallError> {
         let limit = match request {
-            ControlRequest::Repair { .. } => REPAIR_TIMEOUT,
+            ReplicaRequest::Repair { .. } => REPAIR_TIMEOUT,
             _ => ASK_TIMEOUT,
         };
         match self
             .peers
-            .call_within(address, Request::Control(request), limit)
+            .call_within(address, Request::Replica(request), limit)
             .await?
         {
-            Response::Control(reply) => Ok(reply),
+            Response::Replica(reply) => Ok(reply),
             other => Err(CallError::BadReply {
                 address: address.to_string(),
                 reason: format!("{other:?}"),
@@ -67,10 +67,10 @@ impl Master {
     pub(super) async fn replica_state(
         &self,
         server: &ServerInfo,
-        request: ControlRequest,
+        request: ReplicaRequest,
     ) -> Result<(u64, u64), CallError> {
         match self.ask(&server.address, request).await? {
-            ControlResponse::ChunkInfo { view, version } => Ok((view, version)),
+            ReplicaResponse::ChunkInfo { view, version } => Ok((view, version)),
             other => Err(CallError::BadReply {
                 address: server.address.clone(),
                 reason: format!("{other:?}"),
@@ -87,14 +87,14 @@ impl Master {
         full: bool,
         bytes_per_second: u64,
     ) -> Result<Repaired, Failure> {
-        let request = ControlRequest::Repair {
+        let request = ReplicaRequest::Repair {
             chunk,
             source: source.address.clone(),
             full,
             bytes_per_second,
         };
         match self.ask(&target.address, request).await {
-            Ok(ControlResponse::Repaired {
+            Ok(ReplicaResponse::Repaired {
                 version,
                 incremental,
                 bytes,

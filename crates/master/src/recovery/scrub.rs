@@ -2,7 +2,7 @@
 
 use crate::{Failure, Master};
 use floe_protocol::{
-    ChunkId, ChunkPlacement, ControlRequest, ControlResponse, ScrubReport, ServerInfo,
+    ChunkId, ChunkPlacement, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo,
 };
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
             ));
             continue;
         }
-        let checksum = ControlRequest::Checksum {
+        let checksum = ReplicaRequest::Checksum {
             chunk,
             length: volume.spec.chunk_bytes,
         };
@@ -57,7 +57,7 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
             sums = replies
                 .into_iter()
                 .filter_map(|r| match r {
-                    Ok(ControlResponse::Checksum { version, crc }) => Some((version, crc)),
+                    Ok(ReplicaResponse::Checksum { version, crc }) => Some((version, crc)),
                     _ => None,
                 })
                 .collect();
@@ -102,7 +102,7 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
                 .is_ok()
                 && matches!(
                     master.ask(&members[i].address, checksum.clone()).await,
-                    Ok(ControlResponse::Checksum { crc, .. }) if crc == good
+                    Ok(ReplicaResponse::Checksum { crc, .. }) if crc == good
                 );
             fixed &= repaired;
         }

@@ -5,7 +5,7 @@ use super::peers::Copied;
 use super::plan::{self, Reports, Servers};
 use crate::state::chunk_op;
 use crate::{Failure, Master};
-use floe_protocol::{ChunkId, ChunkPlacement, ControlRequest, ServerId, Status};
+use floe_protocol::{ChunkId, ChunkPlacement, ReplicaRequest, ServerId, Status};
 
 impl Master {
     /// Asks each of `ids` for its (view, version) with `request`, at once.
@@ -13,7 +13,7 @@ impl Master {
         &self,
         servers: &Servers,
         ids: &[ServerId],
-        request: ControlRequest,
+        request: ReplicaRequest,
     ) -> Vec<(ServerId, Option<(u64, u64)>)> {
         let replies = futures::future::join_all(
             ids.iter()
@@ -56,7 +56,7 @@ pub(super) async fn recover(
             &servers,
             &plan.voters,
             // Generation 0: the master fences no writer.
-            ControlRequest::ChunkInfo {
+            ReplicaRequest::ChunkInfo {
                 chunk,
                 generation: 0,
             },
@@ -73,7 +73,7 @@ pub(super) async fn recover(
         .reports(
             &servers,
             &plan.members(),
-            ControlRequest::SetView { chunk, view },
+            ReplicaRequest::SetView { chunk, view },
         )
         .await;
     let switch = plan::switch(&plan, view, frozen)?;
@@ -129,7 +129,7 @@ pub(super) async fn recover(
 
     // 5. The replicas left out free their data.
     for left in &plan.left_out {
-        let request = ControlRequest::DropChunk { chunk, view };
+        let request = ReplicaRequest::DropChunk { chunk, view };
         if let Err(e) = master.ask(&servers[left].address, request).await {
             tracing::warn!(
                 volume_id,
