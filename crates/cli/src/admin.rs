@@ -284,7 +284,7 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
     }
     if r.volumes_to_audit > 0 {
         println!(
-            "  {} volumes changed writer without a release: their replicas are being compared",
+            "  {} volumes lost their writer without a release: their replicas are being compared",
             r.volumes_to_audit
         );
     }

@@ -146,10 +146,22 @@ impl Lease {
 
     /// Records that a chunk server fenced us off.
     pub fn fenced(&self, why: &str) -> IoError {
-        let message = format!(
+        self.give_up(format!(
             "volume {}: lease generation {} was taken over by another gateway: {why}",
             self.volume, self.generation
-        );
+        ))
+    }
+
+    /// Gives the lease up for good: a change was abandoned in flight when the lease
+    /// ran out, so later changes of this generation would follow a version no
+    /// replica may hold. Reopening the volume takes a new generation.
+    pub fn abandon(&self, why: IoError) -> IoError {
+        self.give_up(format!(
+            "{why}; a change was in flight, so this volume must be reopened to write again"
+        ))
+    }
+
+    fn give_up(&self, message: String) -> IoError {
         let mut lost = self.lost.lock().unwrap();
         if lost.is_none() {
             tracing::error!("{message}");
@@ -224,6 +236,11 @@ async fn renew(renewal: Renewal, limits: watch::Sender<VolumeLimits>) {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.renewer.abort();
+        // A lease given up is not released: it runs out at the master, which then
+        // compares the replicas the abandoned change may have left unequal.
+        if self.lost.lock().unwrap().is_some() {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };

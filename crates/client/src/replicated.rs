@@ -465,13 +465,10 @@ impl ReplicatedChunks {
         loop {
             // Nothing is sent once the lease may have run out, resends included:
             // another gateway may hold the volume, and chunk servers hear of its
-            // generation only at their next heartbeat. The change may have landed
-            // on some replicas or none, so the chunk's version is learned afresh.
+            // generation only at their next heartbeat. The change may have landed on
+            // some replicas or none, so this generation can write no more.
             if let Err(e) = lease.check() {
-                if let Some(chunk) = self.chunks.lock().unwrap().get_mut(&index) {
-                    chunk.last = None;
-                }
-                return Err(e);
+                return Err(lease.abandon(e));
             }
             let Replicas {
                 good,

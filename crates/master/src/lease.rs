@@ -27,6 +27,9 @@ pub(crate) struct Lease {
     pub(crate) attempt: u64,
     #[serde(skip)]
     pub(crate) expires: Option<Instant>,
+    /// Its running out unreleased queued an audit already.
+    #[serde(skip)]
+    pub(crate) audited: bool,
 }
 
 pub(crate) fn lease_key(volume_id: u64) -> String {
@@ -91,6 +94,7 @@ impl State {
             holder,
             attempt,
             expires: None,
+            audited: false,
         };
         Ok((volume, lease))
     }
@@ -119,6 +123,22 @@ impl State {
                     ))
                 ),
             )),
+        }
+    }
+}
+
+impl State {
+    /// Queues an audit of each volume whose lease ran out unreleased: its holder may
+    /// have died, or given up, between a change reaching a majority and its report
+    /// of the replica that missed it.
+    pub(crate) fn audit_lapsed_leases(&mut self) {
+        let now = Instant::now();
+        for (volume_id, lease) in &mut self.leases {
+            let lapsed = lease.expires.is_some_and(|e| e + LEASE_DRIFT_MARGIN < now);
+            if lapsed && !lease.audited {
+                lease.audited = true;
+                self.audits.entry(*volume_id).or_insert(lease.generation);
+            }
         }
     }
 }
@@ -161,7 +181,7 @@ impl Master {
         state.last_lease = generation as u64;
         tracing::info!(volume = %name, generation, holder = %lease.holder, "lease granted");
         if unreleased {
-            state.audits.insert(volume.id, generation);
+            state.audits.insert(volume.id, generation - 1);
         }
         // The term runs from now, when the grant is stored: never shorter than the
         // holder, which counts from its request, believes.

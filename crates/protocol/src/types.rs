@@ -429,9 +429,9 @@ pub struct RecoveryStatus {
     /// majority of their replicas are reachable (see `floe chunkserver mark-lost`).
     pub waiting_for_operator: u64,
     pub in_progress: u64,
-    /// Volumes whose writer changed without releasing its lease, whose replicas the
-    /// master has yet to compare (a replica the old writer left behind unreported is
-    /// then repaired).
+    /// Volumes whose lease ended unreleased (ran out, or was taken over), whose
+    /// replicas the master has yet to compare (a replica the old writer left behind
+    /// unreported is then repaired).
     #[serde(default)]
     pub volumes_to_audit: u64,
     pub repaired_chunks: u64,

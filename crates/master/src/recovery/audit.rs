@@ -1,8 +1,9 @@
-//! The audit after a writer changed without releasing its lease. The old writer may
-//! have died between a change reaching a majority of a chunk's replicas and its report
-//! of the replica that missed it; the new writer finds such replicas only in chunks it
-//! touches. So the master compares every chunk's replicas once: one below the newest
-//! version among a majority is marked stale (and repaired), as a writer would report it.
+//! The audit after a lease ended unreleased (it ran out, or another writer took the
+//! volume over). Its holder may have died, or given up, between a change reaching a
+//! majority of a chunk's replicas and its report of the replica that missed it; a new
+//! writer finds such replicas only in chunks it touches. So the master compares every
+//! chunk's replicas once: one below the newest version among a majority is marked
+//! stale (and repaired), as a writer would report it.
 
 use super::plan::quorum;
 use crate::Master;
@@ -13,28 +14,23 @@ use futures::StreamExt;
 const AUDIT_CONCURRENCY: usize = 16;
 
 impl Master {
-    /// Compares the replicas of every chunk of `volume_id`, whose writer now holds
-    /// lease `generation`; false if some chunk could not be compared yet.
-    pub(super) async fn audit(&self, volume_id: u64, generation: u32) -> bool {
+    /// Compares the replicas of every chunk of `volume_id` that no writer after lease
+    /// generation `last` has written; false if some chunk could not be compared yet.
+    pub(super) async fn audit(&self, volume_id: u64, last: u32) -> bool {
         let chunks: Vec<ChunkPlacement> = {
             let state = self.state();
             let chunks = state.chunks.get(&volume_id);
             chunks.map_or_else(Vec::new, |c| c.values().cloned().collect())
         };
         let compared: Vec<bool> = futures::stream::iter(chunks)
-            .map(|placement| self.audit_chunk(volume_id, placement, generation))
+            .map(|placement| self.audit_chunk(volume_id, placement, last))
             .buffered(AUDIT_CONCURRENCY)
             .collect()
             .await;
         compared.into_iter().all(|done| done)
     }
 
-    async fn audit_chunk(
-        &self,
-        volume_id: u64,
-        placement: ChunkPlacement,
-        generation: u32,
-    ) -> bool {
+    async fn audit_chunk(&self, volume_id: u64, placement: ChunkPlacement, last: u32) -> bool {
         let chunk = ChunkId {
             volume_id,
             index: placement.index,
@@ -69,11 +65,11 @@ impl Master {
         if versions.len() < quorum {
             return false;
         }
-        // The new writer has written here: it learned the chunk's version from a
+        // A later writer has written here: it learned the chunk's version from a
         // majority first, and reported whoever was behind.
         if versions
             .iter()
-            .any(|(_, version)| generation_of(*version) >= generation)
+            .any(|(_, version)| generation_of(*version) > last)
         {
             return true;
         }
@@ -83,7 +79,7 @@ impl Master {
                 volume_id,
                 index = chunk.index,
                 server,
-                "audit after a lease takeover: replica holds {version:#x}, others {newest:#x}"
+                "audit after a lease ended unreleased: replica holds {version:#x}, others {newest:#x}"
             );
             if self
                 .report_laggard(volume_id, chunk.index, *server)

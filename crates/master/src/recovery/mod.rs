@@ -223,7 +223,11 @@ pub async fn run(master: Arc<Master>) {
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         let due = tick.tick().await;
-        let audits: Vec<(u64, u32)> = master.state().audits.clone().into_iter().collect();
+        let audits: Vec<(u64, u32)> = {
+            let mut state = master.state();
+            state.audit_lapsed_leases();
+            state.audits.clone().into_iter().collect()
+        };
         for (volume_id, generation) in audits {
             if master.audit(volume_id, generation).await {
                 let mut state = master.state();
