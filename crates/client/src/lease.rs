@@ -162,6 +162,9 @@ impl Lease {
     }
 
     fn give_up(&self, message: String) -> IoError {
+        // No more renewals: the lease runs out at the master, which then audits the
+        // replicas and lets another gateway have the volume.
+        self.renewer.abort();
         let mut lost = self.lost.lock().unwrap();
         if lost.is_none() {
             tracing::error!("{message}");
