@@ -245,10 +245,27 @@ fn filesystem_bytes(dir: &std::path::Path) -> Result<u64, String> {
     Ok(stat.f_blocks as u64 * stat.f_frsize as u64)
 }
 
+/// How long a process restarted on its port waits for its killed predecessor's
+/// socket to close.
+const BIND_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn bind(address: &str) -> Result<tokio::net::TcpListener, String> {
-    tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|e| format!("cannot listen on {address}: {e} (is another Floe process using it?)"))
+    let give_up = tokio::time::Instant::now() + BIND_RETRY_FOR;
+    loop {
+        match tokio::net::TcpListener::bind(address).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < give_up =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
+            bound => {
+                return bound.map_err(|e| {
+                    format!("cannot listen on {address}: {e} (is another Floe process using it?)")
+                })
+            }
+        }
+    }
 }
 
 /// SIGTERM or SIGINT: lets the gateway answer requests in flight before it exits.
