@@ -17,7 +17,7 @@ use floe_protocol::connection::CallError;
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
     generation_of, ChunkId, ConnectionPool, DeviceClass, MasterRequest, MasterResponse,
-    ReplicaRequest, ReplicaResponse, Request, Response, ServerId, Stamp, Status,
+    Registration, ReplicaRequest, ReplicaResponse, Request, Response, ServerId, Stamp, Status,
 };
 use replica::{Admit, Replica};
 use std::collections::{HashMap, HashSet};
@@ -168,16 +168,6 @@ pub async fn run(config: Config) -> Result<(), String> {
         .map_err(|e| format!("accept failed: {e}"))
 }
 
-/// What a chunk server tells the master about itself.
-pub struct Registration {
-    pub uuid: String,
-    pub address: String,
-    pub host: String,
-    pub class: DeviceClass,
-    pub emulated: bool,
-    pub capacity_bytes: u64,
-}
-
 /// Starts serving `store`: keeps the server registered with the master at `master`
 /// and returns the request handler. Every call to another process goes through
 /// `peers`, so the simulator can run the same server on its own network.
@@ -187,22 +177,7 @@ pub fn start(
     master: String,
     peers: ConnectionPool,
 ) -> Arc<impl Handler> {
-    let Registration {
-        uuid,
-        address,
-        host,
-        class,
-        emulated,
-        capacity_bytes,
-    } = registration;
-    let registration = MasterRequest::Register {
-        uuid,
-        address,
-        host,
-        class,
-        emulated,
-        capacity_bytes,
-    };
+    let registration = MasterRequest::Register(registration);
     let server = Arc::new(ChunkServer {
         store,
         peers,

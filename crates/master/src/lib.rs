@@ -141,7 +141,7 @@ impl Master {
     async fn control(&self, request: MasterRequest) -> Reply {
         use MasterRequest as R;
         match request {
-            request @ R::Register { .. } => self.register(request).await,
+            R::Register(registration) => self.register(registration).await,
             R::Heartbeat {
                 id,
                 used_bytes,

@@ -6,7 +6,7 @@
 
 use crate::state::{put, server_key, State};
 use crate::{Failure, Master, Reply};
-use floe_protocol::{JournalUsage, MasterRequest, MasterResponse, ServerId, ServerInfo, Status};
+use floe_protocol::{JournalUsage, MasterResponse, Registration, ServerId, ServerInfo, Status};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -56,18 +56,15 @@ impl State {
 }
 
 impl Master {
-    pub(crate) async fn register(&self, request: MasterRequest) -> Reply {
-        let MasterRequest::Register {
+    pub(crate) async fn register(&self, registration: Registration) -> Reply {
+        let Registration {
             uuid,
             address,
             host,
             class,
             emulated,
             capacity_bytes,
-        } = request
-        else {
-            unreachable!("not a registration: {request:?}");
-        };
+        } = registration;
         let id = self
             .change(
                 |state| {

@@ -5,8 +5,8 @@ use floe_master::{Master, Settings, LEASE_DRIFT_MARGIN, LEASE_TERM};
 use floe_metadata::memory::MemoryStore;
 use floe_protocol::server::Handler;
 use floe_protocol::{
-    ConnectionPool, DeviceClass, MasterRequest, MasterResponse, Request, Response, Status,
-    VolumeMode, VolumeSpec,
+    ConnectionPool, DeviceClass, MasterRequest, MasterResponse, Registration, Request, Response,
+    Status, VolumeMode, VolumeSpec,
 };
 use std::sync::Arc;
 
@@ -33,14 +33,14 @@ async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
         .await
         .unwrap(),
     );
-    let register = MasterRequest::Register {
+    let register = MasterRequest::Register(Registration {
         uuid: "a".into(),
         address: "127.0.0.1:1".into(),
         host: "host-a".into(),
         class: DeviceClass::Ssd,
         emulated: false,
         capacity_bytes: 1 << 30,
-    };
+    });
     call(&master, register).await;
     let spec = VolumeSpec {
         name: "demo".into(),

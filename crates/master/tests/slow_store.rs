@@ -9,8 +9,8 @@ use floe_protocol::connection::CallError;
 use floe_protocol::server::Handler;
 use floe_protocol::transport::CallFuture;
 use floe_protocol::{
-    ClusterStatus, ConnectionPool, DeviceClass, MasterRequest, MasterResponse, Request, Response,
-    Status, Transport, VolumeMode, VolumeSpec,
+    ClusterStatus, ConnectionPool, DeviceClass, MasterRequest, MasterResponse, Registration,
+    Request, Response, Status, Transport, VolumeMode, VolumeSpec,
 };
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -113,14 +113,14 @@ async fn cluster(store: &SlowStore, peers: Arc<Unreachable>) -> (Arc<Master>, Ve
     for host in ["a", "b", "c"] {
         let registered = control(
             &master,
-            MasterRequest::Register {
+            MasterRequest::Register(Registration {
                 uuid: host.into(),
                 address: format!("{host}:7701"),
                 host: host.into(),
                 class: DeviceClass::Ssd,
                 emulated: false,
                 capacity_bytes: 1 << 40,
-            },
+            }),
         )
         .await;
         let MasterResponse::Registered { id } = registered else {

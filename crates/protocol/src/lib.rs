@@ -24,8 +24,8 @@ pub mod types;
 pub use connection::{Connection, TcpTransport};
 pub use frame::{Frame, FrameError, Status};
 pub use message::{
-    ClusterMapInfo, LayerInfo, MasterRequest, MasterResponse, Proposal, ReplicaRequest,
-    ReplicaResponse, Request, Response,
+    ClusterMapInfo, LayerInfo, MasterRequest, MasterResponse, Proposal, Registration,
+    ReplicaRequest, ReplicaResponse, Request, Response,
 };
 pub use transport::{ConnectionPool, Transport};
 pub use types::*;

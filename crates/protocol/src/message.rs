@@ -76,19 +76,24 @@ impl Response {
     }
 }
 
+/// What a chunk server tells the master about itself (`MasterRequest::Register`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
+    /// Stable across restarts: a server that registers again keeps its id.
+    pub uuid: String,
+    pub address: String,
+    pub host: String,
+    pub class: DeviceClass,
+    #[serde(default)]
+    pub emulated: bool,
+    pub capacity_bytes: u64,
+}
+
 /// The requests the master serves, from chunk servers, writers and the CLI.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum MasterRequest {
-    Register {
-        uuid: String,
-        address: String,
-        host: String,
-        class: DeviceClass,
-        #[serde(default)]
-        emulated: bool,
-        capacity_bytes: u64,
-    },
+    Register(Registration),
     Heartbeat {
         id: ServerId,
         used_bytes: u64,

@@ -4,12 +4,12 @@
 use crate::network::{service, Network, ProcessId, SimTransport};
 use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
-use floe_chunkserver::{Registration, StoreOptions};
+use floe_chunkserver::StoreOptions;
 use floe_chunkstore::{SimDisk, Store, Tuning};
 use floe_client::master::MasterClient;
 use floe_metadata::memory::MemoryStore;
 use floe_metadata::{MetaError, MetaStore, Op};
-use floe_protocol::{ConnectionPool, DeviceClass};
+use floe_protocol::{ConnectionPool, DeviceClass, Registration};
 use std::path::Path;
 use std::sync::Arc;
 

@@ -7,8 +7,8 @@ use crate::fio_job::{interrupt, iops_log, json_report, FioJob, IopsSample};
 use crate::io_helpers::{floe_output, text, wait_for_file};
 use floe_client::master::MasterClient;
 use floe_protocol::{
-    DeviceClass, MasterRequest, MasterResponse, QosLimits, ServerId, VolumeLimits, VolumeMode,
-    VolumeSpec,
+    DeviceClass, MasterRequest, MasterResponse, QosLimits, Registration, ServerId, VolumeLimits,
+    VolumeMode, VolumeSpec,
 };
 use std::path::Path;
 use std::process::{Child, Command};
@@ -341,14 +341,14 @@ fn journal_pressure_throttles_writes_until_it_drains() {
         }
         let mut ids = Vec::new();
         for i in 0..4 {
-            let register = MasterRequest::Register {
+            let register = MasterRequest::Register(Registration {
                 uuid: format!("fake-{i}"),
                 address: format!("127.0.0.1:{}", 1 + i),
                 host: format!("host-{i}"),
                 class: DeviceClass::Ssd,
                 capacity_bytes: 1 << 40,
                 emulated: false,
-            };
+            });
             match call(&master, register).await {
                 MasterResponse::Registered { id } => ids.push(id),
                 other => panic!("registration answered {other:?}"),
