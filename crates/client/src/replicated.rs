@@ -403,17 +403,14 @@ impl ReplicatedChunks {
             }
             if versions.len() >= majority {
                 let top = versions.iter().map(|v| v.1).max().expect("a majority");
-                {
-                    let mut chunks = self.chunks.lock().unwrap();
-                    let chunk = chunks.get_mut(&index).expect("allocated");
-                    if chunk.last.is_some() {
-                        // Another request learned it first and may have written since:
-                        // these answers are out of date.
-                        return Ok(());
-                    }
-                    chunk.last = Some(top);
-                    chunk.committed = top;
+                let learned = |chunks: &HashMap<u64, Chunk>| chunks[&index].last.is_some();
+                if learned(&self.chunks.lock().unwrap()) {
+                    // Another request learned it first and may have written since:
+                    // these answers are out of date.
+                    return Ok(());
                 }
+                // The master hears of replicas behind before any change of this writer
+                // lands: once one has, nobody else would tell it.
                 for (id, e) in failures {
                     self.leave_behind(index, id, &e).await;
                 }
@@ -423,6 +420,12 @@ impl ReplicatedChunks {
                         message: format!("holds version {version:#x}, others {top:#x}"),
                     };
                     self.leave_behind(index, *id, &why).await;
+                }
+                let mut chunks = self.chunks.lock().unwrap();
+                if !learned(&chunks) {
+                    let chunk = chunks.get_mut(&index).expect("allocated");
+                    chunk.last = Some(top);
+                    chunk.committed = top;
                 }
                 return Ok(());
             }

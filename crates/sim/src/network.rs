@@ -31,6 +31,10 @@ pub fn service<H: Handler>(handler: Arc<H>) -> Service {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ProcessId(pub usize);
 
+/// A seed sends some thousands of messages; this many means a retry loop that never
+/// waits.
+const MESSAGES_MAX: u64 = 2_000_000;
+
 /// How hostile the network is; per message.
 #[derive(Debug, Clone, Copy)]
 pub struct Faults {
@@ -274,6 +278,14 @@ impl Network {
         }
         s.messages += 1;
         s.trace.push((now, from.0, to.0, kind));
+        if s.messages == MESSAGES_MAX {
+            // Some task retries without waiting: virtual time stands still. Every
+            // call from here on waits forever, so time moves and the run ends with
+            // this violation instead of spinning.
+            self.observations.violation(format!(
+                "runaway: {MESSAGES_MAX} messages, the last {from:?} -> {to:?} kind {kind}"
+            ));
+        }
         (delay, dropped, duplicated)
     }
 
@@ -297,8 +309,9 @@ impl Network {
                 }))
             }
         };
-        // A zombie's calls never leave it.
-        let Some(target) = target else {
+        // A zombie's calls never leave it, nor does anything after a runaway.
+        let runaway = self.state.lock().unwrap().messages >= MESSAGES_MAX;
+        let Some(target) = target.filter(|_| !runaway) else {
             return std::future::pending().await;
         };
         let kind = u64::from(request.kind());

@@ -123,6 +123,10 @@ impl Observations {
         inner.grants.last().map(|g| g.holder.clone())
     }
 
+    pub fn violation(&self, what: String) {
+        self.inner.lock().unwrap().violations.push(what);
+    }
+
     pub fn violations(&self) -> Vec<String> {
         self.inner.lock().unwrap().violations.clone()
     }

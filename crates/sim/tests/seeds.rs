@@ -114,8 +114,16 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (2705, "a writer that gave up its generation kept renewing the lease, so no audit and no takeover"),
 ];
 
+/// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.
+fn replaying() -> bool {
+    std::env::var_os("FLOE_SIM_SEED").is_some()
+}
+
 #[test]
 fn seeds_that_found_bugs() {
+    if replaying() {
+        return;
+    }
     for (seed, bug) in FOUND_BUGS {
         if let Err(failure) = floe_sim::run(*seed) {
             panic!("seed {seed} once found: {bug}\n{failure}");
@@ -127,6 +135,9 @@ fn seeds_that_found_bugs() {
 /// alike (a few seeds from `FLOE_SIM_BASE`, else random).
 #[test]
 fn a_seed_replays_exactly() {
+    if replaying() {
+        return;
+    }
     let base = env_u64("FLOE_SIM_BASE").unwrap_or_else(|| rand::random::<u32>() as u64);
     for seed in base..base + 4 {
         replays_exactly(seed);
