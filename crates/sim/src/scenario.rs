@@ -126,6 +126,7 @@ pub async fn run(seed: u64) -> Result<Report, (Vec<String>, Report)> {
     }
     run.violations.extend(network.observations.violations());
     run.violations.extend(run.ledger.violations());
+    network.shut_down();
     let report = Report {
         writes_acked: run.ledger.writes_acked(),
         reads_checked: run.ledger.reads_checked(),
