@@ -532,7 +532,9 @@ impl Run {
         }
     }
 
-    /// The end of the faults: the network heals and every process not lost runs.
+    /// The end of the faults: the network heals, every process not lost runs, and the
+    /// gateways close the volume. A lease given up is not released: it must run out
+    /// at the master (which then audits the volume) before the cluster can be healed.
     async fn heal(&mut self) -> Result<(), String> {
         self.event("heal everything".into());
         self.network.set_faults(Faults::CALM);
@@ -547,6 +549,11 @@ impl Run {
                 self.cluster.start_server(n)?;
             }
         }
+        for gateway in &mut self.cluster.gateways {
+            gateway.device = None;
+        }
+        let lapse = floe_master::LEASE_TERM + floe_master::LEASE_DRIFT_MARGIN;
+        tokio::time::sleep(lapse + Duration::from_secs(2)).await;
         Ok(())
     }
 }
