@@ -111,6 +111,7 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (1693, "a replica under a whole-copy repair served reads of its punched chunk"),
     (177, "a writer killed between a majority commit and its laggard report left a replica behind, counted current"),
     (2705, "a writer that gave up its generation kept renewing the lease, so no audit and no takeover"),
+    (301637, "a catch-up whole copy that failed part-way left a member punched at version 0, counted current, and a later view change settled the chunk there"),
 ];
 
 /// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.

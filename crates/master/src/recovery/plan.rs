@@ -235,6 +235,13 @@ pub(crate) fn switch(plan: &Plan, view: u64, reports: &Reports) -> Result<Switch
             "servers {missing:?} of the new replica set did not answer"
         )));
     }
+    // Stale replicas vote, but a good one must answer: a stale one may hold less than
+    // its version says (a whole copy that failed part-way punched it).
+    if votes.iter().all(|(_, id)| plan.targets.contains(id)) {
+        return Err(Stop::Retry(format!(
+            "no good replica answered in view {view}"
+        )));
+    }
     let (version, source) = *votes.iter().max().expect("a quorum answered");
     let catch_up = plan
         .new_set
