@@ -2,9 +2,10 @@
 //! volume over). Its holder may have died, or given up, between a change reaching a
 //! majority of a chunk's replicas and its report of the replica that missed it; a new
 //! writer finds such replicas only in chunks it touches. So the master compares every
-//! chunk's replicas once, each as soon as all its replicas counted current answer: one
-//! below the newest is marked stale (and repaired), as a writer would report it.
+//! chunk's replicas once: one below the newest version among a majority is marked
+//! stale (and repaired), as a writer would report it.
 
+use super::plan::quorum;
 use crate::Master;
 use floe_protocol::{generation_of, ChunkId, ChunkPlacement, ReplicaRequest, ServerId};
 use futures::StreamExt;
@@ -34,17 +35,16 @@ impl Master {
             volume_id,
             index: placement.index,
         };
-        // Every replica counted current, down ones too: one the old writer left
-        // behind may be down now and come back as if current.
-        let members: Vec<_> = {
+        let (members, quorum) = {
             let state = self.state();
-            placement
+            let members: Vec<_> = placement
                 .replicas
                 .iter()
                 .filter(|id| !placement.stale.contains(id))
-                .filter_map(|id| state.servers.get(id).filter(|s| !s.lost))
+                .filter_map(|id| state.servers.get(id).filter(|s| s.up && !s.lost))
                 .cloned()
-                .collect()
+                .collect();
+            (members, quorum(&placement, &state.servers))
         };
         // Generation 0: the master fences no writer.
         let request = ReplicaRequest::ChunkInfo {
@@ -62,7 +62,7 @@ impl Master {
             .zip(replies)
             .filter_map(|(server, reply)| reply.ok().map(|(_, version)| (server.id, version)))
             .collect();
-        if versions.len() < members.len() {
+        if versions.len() < quorum {
             return false;
         }
         // A later writer has written here: it learned the chunk's version from a
@@ -73,9 +73,7 @@ impl Master {
         {
             return true;
         }
-        let Some(newest) = versions.iter().map(|(_, v)| *v).max() else {
-            return true;
-        };
+        let newest = versions.iter().map(|(_, v)| *v).max().expect("a quorum");
         for (server, version) in versions.iter().filter(|(_, v)| *v < newest) {
             tracing::warn!(
                 volume_id,

@@ -45,6 +45,11 @@ fn up(servers: &Servers, id: ServerId) -> bool {
 
 /// The replicas that can vote (up, not lost) and how many must: a majority of the
 /// replicas not declared lost.
+/// Replies a decision about `placement` needs: a majority of its replicas not lost.
+pub(crate) fn quorum(placement: &ChunkPlacement, servers: &Servers) -> usize {
+    votes(placement, servers).1
+}
+
 fn votes(placement: &ChunkPlacement, servers: &Servers) -> (Vec<ServerId>, usize) {
     let lost = placement
         .replicas
