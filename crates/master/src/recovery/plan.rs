@@ -183,15 +183,24 @@ pub(crate) fn copy_from(
             "server {target} to repair does not answer"
         )));
     }
-    // Only a good replica: a stale one may hold less than its version says (a whole
-    // copy that failed part-way punched it), so no number of them can stand in.
-    let source = reports
+    let answered: Vec<(u64, ServerId)> = reports
         .iter()
-        .filter(|(id, _)| !placement.stale.contains(id))
         .filter_map(|(id, report)| report.map(|(_, version)| (version, *id)))
-        .max()
-        .map(|(_, id)| id)
-        .ok_or_else(|| Stop::Retry("no good replica answered".into()))?;
+        .collect();
+    let good = answered
+        .iter()
+        .filter(|(_, id)| !placement.stale.contains(id))
+        .max();
+    let source = match good {
+        Some(&(_, id)) => id,
+        // No good replica answers: a majority of the set still holds every committed
+        // change between them (each was on a majority), unless one was emptied by a
+        // whole copy that failed part-way; such a replica claims version 0.
+        None if answered.len() >= plan.quorum && answered.iter().all(|(v, _)| *v > 0) => {
+            answered.iter().max().expect("a quorum").1
+        }
+        None => return Err(Stop::Retry("no good replica answered".into())),
+    };
     let seen = reports.iter().filter_map(|(_, r)| r.map(|(view, _)| view));
     let view = seen.chain([placement.view]).max().unwrap_or(0) + 1;
     Ok(Copy { source, view })
@@ -240,9 +249,10 @@ pub(crate) fn switch(plan: &Plan, view: u64, reports: &Reports) -> Result<Switch
             "servers {missing:?} of the new replica set did not answer"
         )));
     }
-    // Stale replicas vote, but a good one must answer: a stale one may hold less than
-    // its version says (a whole copy that failed part-way punched it).
-    if votes.iter().all(|(_, id)| plan.targets.contains(id)) {
+    // Stale replicas vote, but one emptied by a whole copy that failed part-way
+    // (version 0) must not decide alone: a good replica must answer then.
+    let stale_only = votes.iter().all(|(_, id)| plan.targets.contains(id));
+    if stale_only && votes.iter().any(|(version, _)| *version == 0) {
         return Err(Stop::Retry(format!(
             "no good replica answered in view {view}"
         )));
