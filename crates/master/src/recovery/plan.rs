@@ -534,6 +534,27 @@ mod tests {
     }
 
     #[test]
+    fn a_majority_of_stale_replicas_sources_only_when_none_claims_version_0() {
+        let cluster = Cluster::new();
+        let mut placement = cluster.chunk(2);
+        let [p, b, c] = three(&placement);
+        placement.stale = vec![b, c];
+        let plan = cluster.plan(&placement).unwrap();
+        // The only good replica is gone; the stale two still hold every committed
+        // change between them, the newest on c.
+        let mut reports = answered(&[(p, 4), (b, 5), (c, 7)]);
+        assert_eq!(copy_from(&plan, &placement, &reports).unwrap().source, p);
+        reports[0].1 = None;
+        assert_eq!(copy_from(&plan, &placement, &reports).unwrap().source, c);
+        // b claims nothing: it may have been emptied, and c alone may miss changes.
+        reports[1].1 = Some((1, 0));
+        assert!(matches!(
+            copy_from(&plan, &placement, &reports),
+            Err(Stop::Retry(_))
+        ));
+    }
+
+    #[test]
     fn the_next_view_is_past_every_view_seen() {
         let cluster = Cluster::new();
         let placement = cluster.chunk(2);
