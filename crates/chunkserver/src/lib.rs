@@ -467,13 +467,16 @@ impl ChunkServer {
     }
 
     async fn read(&self, chunk: ChunkId, offset: u64, length: u32, min_version: u64) -> Response {
-        // A replica being rewritten (a whole copy punches it first) or missing a
-        // change holds less than its version says until a repair ends.
-        let frozen = self
+        // A replica being rewritten holds less than its version says until the repair
+        // ends (a whole copy punches it first).
+        let repairing = self
             .existing(chunk)
-            .and_then(|slot| slot.replica.lock().unwrap().frozen);
-        if let Some(why) = frozen {
-            return Response::error(Status::Behind, format!("replica is {why}: read another"));
+            .is_some_and(|slot| slot.replica.lock().unwrap().frozen == Some(repair::REPAIRING));
+        if repairing {
+            return Response::error(
+                Status::Behind,
+                format!("replica is {}: read another", repair::REPAIRING),
+            );
         }
         let durable = self.state(chunk).version;
         if durable < min_version {

@@ -126,6 +126,7 @@ pub async fn run(seed: u64) -> Result<Report, (Vec<String>, Report)> {
     }
     run.violations.extend(network.observations.violations());
     run.violations.extend(run.ledger.violations());
+    network.shut_down();
     let report = Report {
         writes_acked: run.ledger.writes_acked(),
         reads_checked: run.ledger.reads_checked(),
@@ -531,7 +532,9 @@ impl Run {
         }
     }
 
-    /// The end of the faults: the network heals and every process not lost runs.
+    /// The end of the faults: the network heals, every process not lost runs, and the
+    /// gateways close the volume. A lease given up is not released: it must run out
+    /// at the master (which then audits the volume) before the cluster can be healed.
     async fn heal(&mut self) -> Result<(), String> {
         self.event("heal everything".into());
         self.network.set_faults(Faults::CALM);
@@ -546,6 +549,11 @@ impl Run {
                 self.cluster.start_server(n)?;
             }
         }
+        for gateway in &mut self.cluster.gateways {
+            gateway.device = None;
+        }
+        let lapse = floe_master::LEASE_TERM + floe_master::LEASE_DRIFT_MARGIN;
+        tokio::time::sleep(lapse + Duration::from_secs(2)).await;
         Ok(())
     }
 }

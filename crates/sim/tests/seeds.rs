@@ -106,12 +106,12 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (39, "a change committed without a replica in a view the master never stored was not reported"),
     (477, "a deposed writer acknowledged zeroes of a chunk it never allocated"),
     (1000, "the old lease holder kept acknowledging writes after the master granted the lease to another"),
-    (1381434920, "a chunk whose only good replica was lost waited forever though a majority of stale replicas held every change"),
     (1402, "a deposed writer's resends landed after the new grant, before heartbeats carried the new generation"),
     (1620, "a resent AcquireLease granted a second generation that fenced the first grant's holder"),
     (1693, "a replica under a whole-copy repair served reads of its punched chunk"),
     (177, "a writer killed between a majority commit and its laggard report left a replica behind, counted current"),
     (2705, "a writer that gave up its generation kept renewing the lease, so no audit and no takeover"),
+    (301637, "a catch-up whole copy that failed part-way left a member punched at version 0, counted current, and a later view change settled the chunk there"),
 ];
 
 /// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.

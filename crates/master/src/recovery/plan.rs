@@ -191,12 +191,14 @@ pub(crate) fn copy_from(
         .iter()
         .filter(|(_, id)| !placement.stale.contains(id))
         .max();
-    // With no good replica answering, a majority of the set still holds every
-    // committed change between them (each was on a majority): the most recent of
-    // them is the source, stale or not.
     let source = match good {
         Some(&(_, id)) => id,
-        None if answered.len() >= plan.quorum => answered.iter().max().expect("a quorum").1,
+        // No good replica answers: a majority of the set still holds every committed
+        // change between them (each was on a majority), unless one was emptied by a
+        // whole copy that failed part-way; such a replica claims version 0.
+        None if answered.len() >= plan.quorum && answered.iter().all(|(v, _)| *v > 0) => {
+            answered.iter().max().expect("a quorum").1
+        }
         None => return Err(Stop::Retry("no good replica answered".into())),
     };
     let seen = reports.iter().filter_map(|(_, r)| r.map(|(view, _)| view));
@@ -245,6 +247,14 @@ pub(crate) fn switch(plan: &Plan, view: u64, reports: &Reports) -> Result<Switch
     if !missing.is_empty() {
         return Err(Stop::Retry(format!(
             "servers {missing:?} of the new replica set did not answer"
+        )));
+    }
+    // Stale replicas vote, but one emptied by a whole copy that failed part-way
+    // (version 0) must not decide alone: a good replica must answer then.
+    let stale_only = votes.iter().all(|(_, id)| plan.targets.contains(id));
+    if stale_only && votes.iter().any(|(version, _)| *version == 0) {
+        return Err(Stop::Retry(format!(
+            "no good replica answered in view {view}"
         )));
     }
     let (version, source) = *votes.iter().max().expect("a quorum answered");
@@ -524,7 +534,7 @@ mod tests {
     }
 
     #[test]
-    fn a_majority_of_stale_replicas_is_a_source_when_no_good_one_answers() {
+    fn a_majority_of_stale_replicas_sources_only_when_none_claims_version_0() {
         let cluster = Cluster::new();
         let mut placement = cluster.chunk(2);
         let [p, b, c] = three(&placement);
@@ -536,6 +546,12 @@ mod tests {
         assert_eq!(copy_from(&plan, &placement, &reports).unwrap().source, p);
         reports[0].1 = None;
         assert_eq!(copy_from(&plan, &placement, &reports).unwrap().source, c);
+        // b claims nothing: it may have been emptied, and c alone may miss changes.
+        reports[1].1 = Some((1, 0));
+        assert!(matches!(
+            copy_from(&plan, &placement, &reports),
+            Err(Stop::Retry(_))
+        ));
     }
 
     #[test]

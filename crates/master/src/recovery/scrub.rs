@@ -1,53 +1,44 @@
 //! `floe scrub VOLUME`: replicas compared by checksum at equal versions.
 
 use crate::{Failure, Master};
-use floe_protocol::{
-    ChunkId, ChunkPlacement, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo,
-};
+use floe_protocol::{ChunkId, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo};
 use std::time::Duration;
 
 /// Compares every chunk's replicas by checksum at equal versions and repairs the
 /// ones that differ from the majority (the primary breaks ties).
 pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Failure> {
     const SETTLE_ATTEMPTS: u32 = 20;
-    let (volume, placements, servers) = {
+    let (volume, indexes) = {
         let state = master.state();
         let volume = state.volume(name)?;
-        let placements: Vec<ChunkPlacement> = state
+        let indexes: Vec<u64> = state
             .chunks
             .get(&volume.id)
             .into_iter()
-            .flat_map(|c| c.values().cloned())
+            .flat_map(|c| c.keys().copied())
             .collect();
-        let servers = state.servers.clone();
-        (volume, placements, servers)
+        (volume, indexes)
     };
     let mut report = ScrubReport::default();
-    for placement in placements {
+    for index in indexes {
         report.chunks += 1;
         let chunk = ChunkId {
             volume_id: volume.id,
-            index: placement.index,
+            index,
         };
-        let members: Vec<&ServerInfo> = placement
-            .replicas
-            .iter()
-            .filter_map(|id| servers.get(id))
-            .collect();
-        if !placement.stale.is_empty() || members.iter().any(|s| !s.up || s.lost) {
-            report.skipped += 1;
-            report.details.push(format!(
-                "chunk {}: degraded, recovery pending",
-                placement.index
-            ));
-            continue;
-        }
         let checksum = ReplicaRequest::Checksum {
             chunk,
             length: volume.spec.chunk_bytes,
         };
+        // The placement is read again on each attempt: a repair or a move may change
+        // the replica set while the scrub waits for one version.
+        let mut members = Vec::new();
         let mut sums = Vec::new();
         for _ in 0..SETTLE_ATTEMPTS {
+            members = replicas_of(master, volume.id, index).unwrap_or_default();
+            if members.is_empty() {
+                break;
+            }
             let replies = futures::future::join_all(
                 members
                     .iter()
@@ -67,11 +58,17 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
             sums.clear();
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        if members.is_empty() {
+            report.skipped += 1;
+            report
+                .details
+                .push(format!("chunk {index}: degraded, recovery pending"));
+            continue;
+        }
         if sums.is_empty() {
             report.skipped += 1;
             report.details.push(format!(
-                "chunk {}: replicas unreachable or never at one version",
-                placement.index
+                "chunk {index}: replicas unreachable or never at one version"
             ));
             continue;
         }
@@ -91,13 +88,13 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
             }
             let detail = format!(
                 "chunk {}: server {} differs at version {:#x} (crc {crc:08x}, majority {good:08x})",
-                placement.index, members[i].id, sums[i].0
+                index, members[i].id, sums[i].0
             );
             tracing::warn!("scrub: {detail}");
             report.details.push(detail);
             let rate = master.recovery.limits.bytes_per_second;
             let repaired = master
-                .repair_from(chunk, members[i], members[authority], true, rate)
+                .repair_from(chunk, &members[i], &members[authority], true, rate)
                 .await
                 .is_ok()
                 && matches!(
@@ -111,4 +108,19 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
         }
     }
     Ok(report)
+}
+
+/// The chunk's replicas when it is healthy (none stale, all up); None when it is
+/// degraded or gone.
+fn replicas_of(master: &Master, volume_id: u64, index: u64) -> Option<Vec<ServerInfo>> {
+    let state = master.state();
+    let placement = state.chunks.get(&volume_id)?.get(&index)?;
+    if !placement.stale.is_empty() {
+        return None;
+    }
+    placement
+        .replicas
+        .iter()
+        .map(|id| state.servers.get(id).filter(|s| s.up && !s.lost).cloned())
+        .collect()
 }

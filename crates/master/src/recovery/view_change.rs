@@ -80,7 +80,15 @@ pub(super) async fn recover(
 
     // 3. Everyone in the new set catches up to the highest version.
     for id in &switch.catch_up {
-        let repaired = repair(*id, switch.source).await?;
+        let repaired = match repair(*id, switch.source).await {
+            Ok(repaired) => repaired,
+            Err(e) => {
+                // A whole copy that failed part-way left it punched: it must not count
+                // as current (nor, alone, set a later view's version).
+                master.report_laggard(volume_id, index, *id).await?;
+                return Err(e);
+            }
+        };
         copied.add(&repaired);
         let reached = repaired.version;
         if reached != switch.version {
