@@ -8,6 +8,7 @@
 
 mod repair;
 pub mod replica;
+mod staging;
 
 use bytes::Bytes;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
@@ -162,21 +163,25 @@ pub async fn run(config: Config) -> Result<(), String> {
         registration,
         config.master.clone(),
         ConnectionPool::default(),
-    );
+    )
+    .await
+    .map_err(|e| format!("cannot finish a repair in {}: {e}", config.dir.display()))?;
     server::serve(listener, server)
         .await
         .map_err(|e| format!("accept failed: {e}"))
 }
 
-/// Starts serving `store`: keeps the server registered with the master at `master`
-/// and returns the request handler. Every call to another process goes through
-/// `peers`, so the simulator can run the same server on its own network.
-pub fn start(
+/// Starts serving `store`: finishes the whole-copy repairs a stop interrupted, keeps
+/// the server registered with the master at `master` and returns the request
+/// handler. Every call to another process goes through `peers`, so the simulator can
+/// run the same server on its own network.
+pub async fn start(
     store: Store,
     registration: Registration,
     master: String,
     peers: ConnectionPool,
-) -> Arc<impl Handler> {
+) -> Result<Arc<impl Handler>, StoreError> {
+    staging::finish_interrupted(&store).await?;
     let registration = MasterRequest::Register(registration);
     let server = Arc::new(ChunkServer {
         store,
@@ -185,7 +190,7 @@ pub fn start(
         generations: Mutex::default(),
     });
     tokio::spawn(heartbeat_loop(master, registration, server.clone()));
-    server
+    Ok(server)
 }
 
 fn load_or_create_uuid(dir: &std::path::Path) -> Result<String, String> {

@@ -4,16 +4,18 @@
 //! whole chunk is copied, then the changes made during the copy are pulled
 //! incrementally on top.
 //!
-//! While a repair runs the replica refuses changes. The data it writes carries the
-//! replica's old version (or 0 once a whole copy has started), and the new version
-//! is stamped only at the end, so a crash part-way leaves a replica that claims no
-//! more than it holds and is simply repaired again.
+//! While a repair runs the replica refuses changes. An incremental repair's data
+//! carries the replica's old version and the new one is stamped only at the end; a
+//! whole copy goes to a staging chunk that replaces the replica once complete
+//! ([`crate::staging`]). Either way a failure part-way leaves a replica that claims no
+//! more than it holds, and it is simply repaired again.
 
 use crate::replica::merge;
+use crate::staging;
 use crate::{ChunkServer, Slot};
 use bytes::Bytes;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
-use floe_chunkstore::ChunkMeta;
+use floe_chunkstore::{ChunkMeta, StoreError};
 use floe_protocol::connection::CallError;
 use floe_protocol::{ChunkId, ReplicaRequest, ReplicaResponse, Request, Response, Status};
 use std::time::Duration;
@@ -28,6 +30,10 @@ pub(crate) const REPAIRING: &str = "being repaired";
 const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
 type Failure = (Status, String);
+
+fn io(e: StoreError) -> Failure {
+    (Status::Io, e.to_string())
+}
 
 fn failed(e: CallError) -> Failure {
     let status = match &e {
@@ -91,10 +97,16 @@ impl Pull<'_> {
         }
     }
 
-    /// Copies `ranges` from the source into the local replica, stamped `meta`. Ranges
-    /// with small gaps between them are copied as one: fewer, larger reads, and the
-    /// source's data in a gap is as new as anything the replica holds there.
-    async fn copy(&mut self, ranges: &[(u64, u64)], meta: ChunkMeta) -> Result<u64, Failure> {
+    /// Copies `ranges` of the source's replica into local chunk `into` (the replica or
+    /// its staging chunk), stamped `meta`. Ranges with small gaps between them are
+    /// copied as one: fewer, larger reads, and the source's data in a gap is as new as
+    /// anything the replica holds there.
+    async fn copy(
+        &mut self,
+        into: ChunkId,
+        ranges: &[(u64, u64)],
+        meta: ChunkMeta,
+    ) -> Result<u64, Failure> {
         let mut copied = 0;
         for (offset, length) in merge(&mut ranges.to_vec(), GAP_BYTES) {
             let end = offset
@@ -120,9 +132,9 @@ impl Pull<'_> {
                 };
                 self.server
                     .store
-                    .write(self.chunk, at, data, meta)
+                    .write(into, at, data, meta)
                     .await
-                    .map_err(|e| (Status::Io, e.to_string()))?;
+                    .map_err(io)?;
                 at += n;
                 copied += n;
                 self.throttle.account(n).await;
@@ -136,7 +148,7 @@ impl Pull<'_> {
             .store
             .set_meta(self.chunk, meta)
             .await
-            .map_err(|e| (Status::Io, e.to_string()))
+            .map_err(io)
     }
 
     /// Returns (version reached, incremental, bytes copied).
@@ -157,6 +169,7 @@ impl Pull<'_> {
                 Ok((version, ranges)) => {
                     let bytes = self
                         .copy(
+                            self.chunk,
                             &ranges,
                             ChunkMeta {
                                 view,
@@ -174,17 +187,15 @@ impl Pull<'_> {
                 Err(e) => return Err(failed(e)),
             }
         }
-        let empty = ChunkMeta { view, version: 0 };
-        self.server
-            .store
-            .zero(self.chunk, 0, CHUNK_BYTES_MAX, true, empty)
+        let staging = staging::begin(&self.server.store, self.chunk, view)
             .await
-            .map_err(|e| (Status::Io, e.to_string()))?;
+            .map_err(io)?;
+        let empty = ChunkMeta { view, version: 0 };
         let (start, extents) = self
             .ranges(ReplicaRequest::Extents { chunk: self.chunk })
             .await
             .map_err(failed)?;
-        let mut bytes = self.copy(&extents, empty).await?;
+        let mut bytes = self.copy(staging, &extents, empty).await?;
         // Changes the source took during the copy; the copy may hold some of them
         // already, and copying their ranges again makes it exact.
         let (version, ranges) = self
@@ -194,8 +205,10 @@ impl Pull<'_> {
             })
             .await
             .map_err(failed)?;
-        bytes += self.copy(&ranges, empty).await?;
-        self.stamp(ChunkMeta { view, version }).await?;
+        bytes += self.copy(staging, &ranges, empty).await?;
+        staging::complete(&self.server.store, self.chunk, ChunkMeta { view, version })
+            .await
+            .map_err(io)?;
         Ok((version, false, bytes))
     }
 }
@@ -244,8 +257,9 @@ pub(crate) async fn repair(
     let result = pull.run(view, since, full).await;
     let mut replica = slot.replica.lock().unwrap();
     replica.frozen = None;
-    // What the store now holds: the new version, or on failure the old one (or 0
-    // once a whole copy started); what was copied so far is harmless either way.
+    // What the store now holds: the new version, or on failure the old one (0 when a
+    // staging copy's replacement failed part-way); what was copied so far is harmless
+    // either way.
     let version = server.store.meta(chunk).version;
     replica.submitted = version;
     replica.durable = version;

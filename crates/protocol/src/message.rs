@@ -228,6 +228,21 @@ pub enum ReplicaRequest {
     DropChunk { chunk: ChunkId, view: u64 },
 }
 
+impl ReplicaRequest {
+    /// The chunk the request is about.
+    pub fn chunk(&self) -> ChunkId {
+        match self {
+            ReplicaRequest::ChunkInfo { chunk, .. }
+            | ReplicaRequest::SetView { chunk, .. }
+            | ReplicaRequest::LogSince { chunk, .. }
+            | ReplicaRequest::Extents { chunk }
+            | ReplicaRequest::Repair { chunk, .. }
+            | ReplicaRequest::Checksum { chunk, .. }
+            | ReplicaRequest::DropChunk { chunk, .. } => *chunk,
+        }
+    }
+}
+
 /// A writer's placement of a new chunk, from the cluster map at `epoch`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Proposal {
@@ -368,10 +383,14 @@ impl Fields {
         Ok(self.buf.get_u64_le())
     }
     fn chunk(&mut self) -> Result<ChunkId, FrameError> {
-        Ok(ChunkId {
+        let chunk = ChunkId {
             volume_id: self.u64()?,
             index: self.u64()?,
-        })
+        };
+        if chunk.index >= CHUNK_INDEX_LIMIT {
+            return Err(FrameError::Malformed(self.what));
+        }
+        Ok(chunk)
     }
     fn stamp(&mut self) -> Result<Stamp, FrameError> {
         Ok(Stamp {
@@ -519,7 +538,13 @@ impl Request {
                 forward: r.forward()?,
             },
             KIND_MASTER => Request::Master(r.json()?),
-            KIND_REPLICA => Request::Replica(r.json()?),
+            KIND_REPLICA => {
+                let request: ReplicaRequest = r.json()?;
+                if request.chunk().index >= CHUNK_INDEX_LIMIT {
+                    return Err(FrameError::Malformed(r.what));
+                }
+                Request::Replica(request)
+            }
             other => return Err(FrameError::UnknownKind(other)),
         };
         r.end()?;
@@ -684,6 +709,35 @@ mod tests {
             assert!(matches!(
                 Request::decode(misdirected),
                 Err(FrameError::Malformed("request"))
+            ));
+        }
+    }
+
+    #[test]
+    fn chunk_indexes_a_chunk_server_keeps_for_itself_do_not_decode() {
+        let read = |index| Request::Read {
+            chunk: ChunkId {
+                volume_id: 1,
+                index,
+            },
+            offset: 0,
+            length: 4096,
+            min_version: 0,
+        };
+        let extents = |index| {
+            Request::Replica(ReplicaRequest::Extents {
+                chunk: ChunkId {
+                    volume_id: 1,
+                    index,
+                },
+            })
+        };
+        let requests: [fn(u64) -> Request; 2] = [read, extents];
+        for request in requests {
+            roundtrip(request(CHUNK_INDEX_LIMIT - 1));
+            assert!(matches!(
+                Request::decode(request(CHUNK_INDEX_LIMIT).encode(1)),
+                Err(FrameError::Malformed(_))
             ));
         }
     }

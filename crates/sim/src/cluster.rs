@@ -149,7 +149,7 @@ impl Cluster {
         n
     }
 
-    pub fn start_server(&self, n: usize) -> Result<(), String> {
+    pub async fn start_server(&self, n: usize) -> Result<(), String> {
         let server = &self.servers[n];
         let transport = self.network.boot(server.process);
         let tuning = Tuning {
@@ -176,7 +176,9 @@ impl Cluster {
             },
             MASTER_ADDRESS.to_string(),
             ConnectionPool::over(transport.clone()),
-        );
+        )
+        .await
+        .map_err(|e| format!("chunk server {n} cannot finish a repair after a crash: {e}"))?;
         self.network
             .serve(&transport, &server.address, service(handler));
         Ok(())

@@ -158,7 +158,7 @@ impl Run {
     async fn main(&mut self) -> Result<(), String> {
         self.cluster.start_master().await?;
         for n in 0..self.cluster.servers.len() {
-            self.cluster.start_server(n)?;
+            self.cluster.start_server(n).await?;
         }
         let servers = self.cluster.servers.len();
         check::until(
@@ -236,7 +236,7 @@ impl Run {
                     && !self.cluster.servers[n].lost
                 {
                     self.event(format!("restart cs{n}"));
-                    if let Err(e) = self.cluster.start_server(n) {
+                    if let Err(e) = self.cluster.start_server(n).await {
                         self.violations.push(e);
                     }
                 }
@@ -385,7 +385,7 @@ impl Run {
                 self.event(format!(
                     "cs{n} joins on a new host; the operator expands the map"
                 ));
-                self.cluster.start_server(n)?;
+                self.cluster.start_server(n).await?;
                 self.admin_call(MasterRequest::ExpandCluster { hosts: Vec::new() }, "expand")
                     .await?;
             }
@@ -546,7 +546,7 @@ impl Run {
         for n in 0..self.cluster.servers.len() {
             let server = &self.cluster.servers[n];
             if !server.lost && !self.network.alive(server.process) {
-                self.cluster.start_server(n)?;
+                self.cluster.start_server(n).await?;
             }
         }
         for gateway in &mut self.cluster.gateways {
