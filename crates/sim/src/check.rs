@@ -134,7 +134,7 @@ pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
                             chunk.index, server.id, placement.view, placement.replicas
                         ));
                     }
-                    seen.insert((version, crc));
+                    seen.insert((version, crc, server.id));
                 }
                 other => violations.push(format!(
                     "chunk {} on server {}: no checksum: {other:?}",
@@ -144,10 +144,11 @@ pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
         }
         // Equal at equal versions. A replica may hold more than the others: the tail
         // of a writer that died before it committed, which the next writer overwrites.
-        let versions: BTreeSet<u64> = seen.iter().map(|(version, _)| *version).collect();
-        if versions.len() < seen.len() {
+        let versions: BTreeSet<u64> = seen.iter().map(|(version, ..)| *version).collect();
+        let states: BTreeSet<(u64, u32)> = seen.iter().map(|(v, crc, _)| (*v, *crc)).collect();
+        if versions.len() < states.len() {
             violations.push(format!(
-                "chunk {} replicas {:?} differ at equal versions (version, crc): {seen:?}",
+                "chunk {} replicas {:?} differ at equal versions (version, crc, server): {seen:?}",
                 chunk.index, placement.replicas
             ));
         }
