@@ -268,6 +268,10 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                 status: Status::NotFound,
                 ..
             }) => id = None,
+            Err(CallError::Remote {
+                status: Status::Fenced,
+                message,
+            }) => tracing::error!("the master refuses this server: {message}"),
             Ok(other) => tracing::warn!("unexpected master reply {other:?}"),
             Err(e) => tracing::warn!("master unreachable: {e}"),
         }

@@ -71,6 +71,17 @@ impl Master {
                     // A server that registers again (restarted) keeps its id.
                     let existing = state.servers.values().find(|s| s.uuid == uuid);
                     let (id, new_id) = match existing {
+                        // Its replicas were given up: data it still holds must not count.
+                        Some(server) if server.lost => {
+                            return Err((
+                                Status::Fenced,
+                                format!(
+                                    "chunk server {} was marked lost; to join again, start it \
+                                     on an empty data directory (it then joins as a new server)",
+                                    server.id
+                                ),
+                            ))
+                        }
                         Some(server) => (server.id, None),
                         None => {
                             let id = state.last_server_id + 1;

@@ -112,6 +112,9 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (177, "a writer killed between a majority commit and its laggard report left a replica behind, counted current"),
     (2705, "a writer that gave up its generation kept renewing the lease, so no audit and no takeover"),
     (301637, "a catch-up whole copy that failed part-way left a member punched at version 0, counted current, and a later view change settled the chunk there"),
+    (204459, "a majority of stale replicas sourced a view change while one had been emptied by a failed whole copy: acknowledged writes lost"),
+    (1381434920, "a chunk whose only good replica was lost waited forever: its stale replicas, possibly emptied by a failed whole copy, could not vote"),
+    (802317, "a server marked lost registered again (a message in flight) and was counted down, not lost: the cluster never healed"),
 ];
 
 /// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.
