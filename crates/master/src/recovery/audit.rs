@@ -3,7 +3,8 @@
 //! majority of a chunk's replicas and its report of the replica that missed it; a new
 //! writer finds such replicas only in chunks it touches. So the master compares every
 //! chunk's replicas once: one below the newest version among a majority is marked
-//! stale (and repaired), as a writer would report it.
+//! stale (and repaired), as a writer would report it, and so is one that does not
+//! answer.
 
 use super::plan::quorum;
 use crate::Master;
@@ -35,8 +36,14 @@ impl Master {
             volume_id,
             index: placement.index,
         };
-        let (members, quorum) = {
+        let (members, quorum, lost) = {
             let state = self.state();
+            let lost: Vec<ServerId> = placement
+                .replicas
+                .iter()
+                .copied()
+                .filter(|id| state.servers.get(id).is_none_or(|s| s.lost))
+                .collect();
             let members: Vec<_> = placement
                 .replicas
                 .iter()
@@ -44,7 +51,7 @@ impl Master {
                 .filter_map(|id| state.servers.get(id).filter(|s| s.up && !s.lost))
                 .cloned()
                 .collect();
-            (members, quorum(&placement, &state.servers))
+            (members, quorum(&placement, &state.servers), lost)
         };
         // Generation 0: the master fences no writer.
         let request = ReplicaRequest::ChunkInfo {
@@ -74,15 +81,36 @@ impl Master {
             return true;
         }
         let newest = versions.iter().map(|(_, v)| *v).max().expect("a quorum");
-        for (server, version) in versions.iter().filter(|(_, v)| *v < newest) {
+        let behind = versions
+            .iter()
+            .filter(|(_, v)| *v < newest)
+            .map(|(server, version)| {
+                (
+                    *server,
+                    format!("replica holds {version:#x}, others {newest:#x}"),
+                )
+            });
+        // One that did not answer (down, or cut off) may have missed the last change
+        // as well; it would come back counted current. A repair vouches for it then
+        // (incremental: nothing to copy if it missed nothing).
+        let silent = placement
+            .replicas
+            .iter()
+            .filter(|id| {
+                !placement.stale.contains(id)
+                    && !lost.contains(id)
+                    && !versions.iter().any(|(server, _)| server == *id)
+            })
+            .map(|id| (*id, "replica did not answer".to_string()));
+        for (server, why) in behind.chain(silent).collect::<Vec<_>>() {
             tracing::warn!(
                 volume_id,
                 index = chunk.index,
                 server,
-                "audit after a lease ended unreleased: replica holds {version:#x}, others {newest:#x}"
+                "audit after a lease ended unreleased: {why}; marked stale"
             );
             if self
-                .report_laggard(volume_id, chunk.index, *server)
+                .report_laggard(volume_id, chunk.index, server)
                 .await
                 .is_err()
             {
