@@ -213,25 +213,13 @@ pub(crate) struct Switch {
     pub(crate) source: ServerId,
     /// The highest version among the voters that answered.
     pub(crate) version: u64,
-    /// Members of the new set below `version`, and whether each needs a whole copy.
-    pub(crate) catch_up: Vec<(ServerId, bool)>,
+    /// Members of the new set below `version`.
+    pub(crate) catch_up: Vec<ServerId>,
 }
 
 /// From the members' reports in the new view (`view`): with a majority of the voters
 /// answering, the highest version among them holds every acknowledged write.
-///
-/// The targets copied from `copied_from` while writes went on, so they may hold
-/// changes newer than the version they claim. Those are part of the chunk's history
-/// when `copied_from` is at the switch's version; otherwise (it did not answer, or
-/// its newest changes were never committed and the chunk goes on from another
-/// replica's) the targets are copied whole again, or they would keep a change no
-/// other replica holds, at a version they share with them.
-pub(crate) fn switch(
-    plan: &Plan,
-    view: u64,
-    reports: &Reports,
-    copied_from: ServerId,
-) -> Result<Switch, Stop> {
+pub(crate) fn switch(plan: &Plan, view: u64, reports: &Reports) -> Result<Switch, Stop> {
     let answered = |id: &ServerId| {
         reports
             .iter()
@@ -270,15 +258,11 @@ pub(crate) fn switch(
         )));
     }
     let (version, source) = *votes.iter().max().expect("a quorum answered");
-    let copies_hold = answered(&copied_from) == Some(version);
     let catch_up = plan
         .new_set
         .iter()
         .copied()
-        .filter_map(|id| {
-            let whole = !copies_hold && plan.targets.contains(&id);
-            (whole || answered(&id).is_some_and(|v| v < version)).then_some((id, whole))
-        })
+        .filter(|id| answered(id).is_some_and(|v| v < version))
         .collect();
     Ok(Switch {
         source,
@@ -597,33 +581,14 @@ mod tests {
         let plan = cluster.plan(&placement).unwrap();
         let new = plan.targets[0];
         let frozen = answered(&[(p, 7), (b, 5), (new, 7)]);
-        let switch = switch(&plan, 4, &frozen, p).unwrap();
+        let switch = switch(&plan, 4, &frozen).unwrap();
         assert_eq!((switch.source, switch.version), (p, 7));
-        assert_eq!(switch.catch_up, [(b, false)]);
+        assert_eq!(switch.catch_up, [b]);
         // A new replica ahead of every voter (it holds a write no majority has) is no
         // source.
         let ahead = answered(&[(p, 7), (b, 5), (new, 8)]);
-        let switched = super::switch(&plan, 4, &ahead, p).unwrap();
+        let switched = super::switch(&plan, 4, &ahead).unwrap();
         assert_eq!(switched.version, 7);
-    }
-
-    #[test]
-    fn targets_are_copied_whole_again_when_their_source_is_not_at_the_switchs_version() {
-        let cluster = Cluster::new();
-        let mut placement = cluster.chunk(9);
-        let [p, b, c] = three(&placement);
-        placement.stale = vec![c];
-        let plan = cluster.plan(&placement).unwrap();
-        assert_eq!(plan.targets, [c]);
-        // c copied from p while p held a change (8) that no majority took: the chunk
-        // went on from b's history (9), and what c copied may include 8.
-        let frozen = answered(&[(p, 8), (b, 9), (c, 7)]);
-        let switched = switch(&plan, 4, &frozen, p).unwrap();
-        assert_eq!(switched.version, 9);
-        assert_eq!(switched.catch_up, [(p, false), (c, true)]);
-        // Its source at the switch's version: what it copied is the chunk's history.
-        let frozen = answered(&[(p, 7), (b, 7), (c, 7)]);
-        assert!(switch(&plan, 4, &frozen, p).unwrap().catch_up.is_empty());
     }
 
     #[test]
@@ -634,14 +599,14 @@ mod tests {
         let [p, b, c] = three(&placement);
         let one = [(p, Some((4, 7))), (b, None), (c, None)];
         assert_eq!(
-            switch(&plan, 4, &one, p),
+            switch(&plan, 4, &one),
             Err(Stop::Retry(
                 "only 1 replicas answered in view 4; 2 needed".into()
             ))
         );
         let two = [(p, Some((4, 7))), (b, Some((4, 6))), (c, None)];
         assert!(
-            matches!(switch(&plan, 4, &two, p), Err(Stop::Retry(m)) if m.contains("did not answer")),
+            matches!(switch(&plan, 4, &two), Err(Stop::Retry(m)) if m.contains("did not answer")),
             "every member of the new set must answer"
         );
     }

@@ -45,9 +45,9 @@ pub(super) async fn recover(
     };
     let plan = plan::plan(&placement, &servers, desired)?;
     let mut copied = Copied::default();
-    let repair = |target: ServerId, source: ServerId, whole: bool| {
+    let repair = |target: ServerId, source: ServerId| {
         let (target, source) = (&servers[&target], &servers[&source]);
-        master.repair_from(chunk, target, source, whole, bytes_per_second)
+        master.repair_from(chunk, target, source, false, bytes_per_second)
     };
 
     // 1. Copy while writes go on, from the most recent good replica.
@@ -64,7 +64,7 @@ pub(super) async fn recover(
         .await;
     let copy = plan::copy_from(&plan, &placement, &reports)?;
     for target in &plan.targets {
-        copied.add(&repair(*target, copy.source, false).await?);
+        copied.add(&repair(*target, copy.source).await?);
     }
 
     // 2. Freeze in the next view and find the chunk's state from a majority.
@@ -76,16 +76,16 @@ pub(super) async fn recover(
             ReplicaRequest::SetView { chunk, view },
         )
         .await;
-    let switch = plan::switch(&plan, view, frozen, copy.source)?;
+    let switch = plan::switch(&plan, view, frozen)?;
 
     // 3. Everyone in the new set catches up to the highest version.
-    for &(id, whole) in &switch.catch_up {
-        let repaired = match repair(id, switch.source, whole).await {
+    for id in &switch.catch_up {
+        let repaired = match repair(*id, switch.source).await {
             Ok(repaired) => repaired,
             Err(e) => {
-                // It may hold part of what it was to copy: it must not count as
-                // current (nor, alone, set a later view's version).
-                master.report_laggard(volume_id, index, id).await?;
+                // A whole copy that failed part-way left it punched: it must not count
+                // as current (nor, alone, set a later view's version).
+                master.report_laggard(volume_id, index, *id).await?;
                 return Err(e);
             }
         };
