@@ -552,15 +552,22 @@ impl ChunkServer {
                 Ok(self.settle(&slot).await)
             }
             ReplicaRequest::LogSince { chunk, since } => {
-                let changes = match self.existing(chunk) {
-                    Some(slot) => slot.replica.lock().unwrap().changes_since(since),
+                let (changes, pending) = match self.existing(chunk) {
+                    Some(slot) => {
+                        let replica = slot.replica.lock().unwrap();
+                        (replica.changes_since(since), replica.pending())
+                    }
                     None => {
                         let ChunkMeta { view, version } = self.store.meta(chunk);
-                        Replica::new(view, version).changes_since(since)
+                        (Replica::new(view, version).changes_since(since), false)
                     }
                 };
                 match changes {
-                    Some((version, ranges)) => Ok(ReplicaResponse::Ranges { version, ranges }),
+                    Some((version, ranges)) => Ok(ReplicaResponse::Ranges {
+                        version,
+                        ranges,
+                        pending,
+                    }),
                     None => Err((
                         Status::NotFound,
                         format!("the journal lite does not reach back to version {since:#x}"),
@@ -570,7 +577,14 @@ impl ChunkServer {
             ReplicaRequest::Extents { chunk } => {
                 let version = self.state(chunk).version;
                 let ranges = self.store.extents(chunk).map_err(control_store_error)?;
-                Ok(ReplicaResponse::Ranges { version, ranges })
+                let pending = self
+                    .existing(chunk)
+                    .is_some_and(|slot| slot.replica.lock().unwrap().pending());
+                Ok(ReplicaResponse::Ranges {
+                    version,
+                    ranges,
+                    pending,
+                })
             }
             ReplicaRequest::Checksum { chunk, length } => {
                 let version = self.state(chunk).version;
@@ -584,11 +598,11 @@ impl ChunkServer {
             ReplicaRequest::Repair {
                 chunk,
                 source,
-                full,
+                kind,
                 bytes_per_second,
             } => {
                 let slot = self.slot(chunk);
-                repair::repair(self, &slot, chunk, &source, full, bytes_per_second).await
+                repair::repair(self, &slot, chunk, &source, kind, bytes_per_second).await
             }
             ReplicaRequest::DropChunk { chunk, view } => {
                 let slot = self.slot(chunk);

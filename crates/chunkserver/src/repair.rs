@@ -17,7 +17,9 @@ use bytes::Bytes;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
 use floe_chunkstore::{ChunkMeta, StoreError};
 use floe_protocol::connection::CallError;
-use floe_protocol::{ChunkId, ReplicaRequest, ReplicaResponse, Request, Response, Status};
+use floe_protocol::{
+    ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, Request, Response, Status,
+};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -28,6 +30,12 @@ const GAP_BYTES: u64 = 128 << 10;
 pub(crate) const REPAIRING: &str = "being repaired";
 /// How long a repair waits for changes already accepted to become durable.
 const SETTLE_WAIT: Duration = Duration::from_secs(5);
+/// Rounds of copying what changed meanwhile before a copy gives up on the source
+/// holding still, and the pause after a round that found changes in flight.
+const CONVERGE_ROUNDS: u32 = 20;
+const CONVERGE_PAUSE: Duration = Duration::from_millis(5);
+const SOURCE_KEPT_CHANGING: &str =
+    "the source kept changing during the copy; a view change's freeze makes it hold still";
 
 type Failure = (Status, String);
 
@@ -86,10 +94,19 @@ impl Pull<'_> {
         }
     }
 
-    /// The source's ranges for `request` (LogSince or Extents) and their version.
-    async fn ranges(&self, request: ReplicaRequest) -> Result<(u64, Vec<(u64, u64)>), CallError> {
+    /// The source's ranges for `request` (LogSince or Extents), their version, and
+    /// whether later changes are in flight there.
+    async fn ranges(&self, request: ReplicaRequest) -> Result<Ranges, CallError> {
         match self.ask(request).await? {
-            ReplicaResponse::Ranges { version, ranges } => Ok((version, ranges)),
+            ReplicaResponse::Ranges {
+                version,
+                ranges,
+                pending,
+            } => Ok(Ranges {
+                version,
+                ranges,
+                pending,
+            }),
             other => Err(CallError::BadReply {
                 address: self.source.to_string(),
                 reason: format!("{other:?}"),
@@ -151,35 +168,52 @@ impl Pull<'_> {
             .map_err(io)
     }
 
+    /// Copies again what the source changed after `version` until a round finds it
+    /// unchanged with nothing in flight: everything read before that round is then
+    /// the source's state at `version`. Returns the version, or None if the source
+    /// kept changing.
+    async fn converge(
+        &mut self,
+        into: ChunkId,
+        mut version: u64,
+        meta: ChunkMeta,
+        bytes: &mut u64,
+    ) -> Result<Option<u64>, Failure> {
+        for _ in 0..CONVERGE_ROUNDS {
+            let since = ReplicaRequest::LogSince {
+                chunk: self.chunk,
+                since: version,
+            };
+            let now = self.ranges(since).await.map_err(failed)?;
+            if now.version == version && !now.pending {
+                return Ok(Some(version));
+            }
+            *bytes += self.copy(into, &now.ranges, meta).await?;
+            version = now.version;
+            if now.pending {
+                tokio::time::sleep(CONVERGE_PAUSE).await;
+            }
+        }
+        Ok(None)
+    }
+
     /// Returns (version reached, incremental, bytes copied).
     async fn run(
         &mut self,
         view: u64,
         since: u64,
-        full: bool,
+        kind: RepairKind,
     ) -> Result<(u64, bool, u64), Failure> {
-        if !full {
-            match self
-                .ranges(ReplicaRequest::LogSince {
-                    chunk: self.chunk,
-                    since,
-                })
-                .await
-            {
-                Ok((version, ranges)) => {
-                    let bytes = self
-                        .copy(
-                            self.chunk,
-                            &ranges,
-                            ChunkMeta {
-                                view,
-                                version: since,
-                            },
-                        )
-                        .await?;
-                    self.stamp(ChunkMeta { view, version }).await?;
-                    return Ok((version, true, bytes));
-                }
+        if kind != RepairKind::Whole {
+            let log = ReplicaRequest::LogSince {
+                chunk: self.chunk,
+                since,
+            };
+            match self.ranges(log).await {
+                // Small: done under the view change's freeze, where the source holds
+                // still.
+                Ok(_) if kind == RepairKind::Prefetch => return Ok((since, true, 0)),
+                Ok(changed) => return self.incremental(view, since, changed).await,
                 Err(CallError::Remote {
                     status: Status::NotFound,
                     ..
@@ -187,30 +221,87 @@ impl Pull<'_> {
                 Err(e) => return Err(failed(e)),
             }
         }
+        self.whole(view, since, kind).await
+    }
+
+    /// Copies the ranges changed since `since` into the replica itself.
+    async fn incremental(
+        &mut self,
+        view: u64,
+        since: u64,
+        changed: Ranges,
+    ) -> Result<(u64, bool, u64), Failure> {
+        // Claims its old version while the copy runs (what it holds is at least that).
+        let mut bytes = self
+            .copy(
+                self.chunk,
+                &changed.ranges,
+                ChunkMeta {
+                    view,
+                    version: since,
+                },
+            )
+            .await?;
+        let meta = ChunkMeta {
+            view,
+            version: since,
+        };
+        match self
+            .converge(self.chunk, changed.version, meta, &mut bytes)
+            .await?
+        {
+            Some(version) => {
+                self.stamp(ChunkMeta { view, version }).await?;
+                Ok((version, true, bytes))
+            }
+            None => {
+                // It may hold a change the chunk's history will leave out: it claims
+                // nothing, and its next repair is a whole copy.
+                self.stamp(ChunkMeta { view, version: 0 }).await?;
+                Err((Status::Busy, SOURCE_KEPT_CHANGING.into()))
+            }
+        }
+    }
+
+    /// Copies the whole chunk into the staging chunk, which replaces the replica once
+    /// the copy converged; a prefetch that did not converge leaves the replica as it
+    /// was.
+    async fn whole(
+        &mut self,
+        view: u64,
+        since: u64,
+        kind: RepairKind,
+    ) -> Result<(u64, bool, u64), Failure> {
         let staging = staging::begin(&self.server.store, self.chunk, view)
             .await
             .map_err(io)?;
         let empty = ChunkMeta { view, version: 0 };
-        let (start, extents) = self
+        let extents = self
             .ranges(ReplicaRequest::Extents { chunk: self.chunk })
             .await
             .map_err(failed)?;
-        let mut bytes = self.copy(staging, &extents, empty).await?;
-        // Changes the source took during the copy; the copy may hold some of them
-        // already, and copying their ranges again makes it exact.
-        let (version, ranges) = self
-            .ranges(ReplicaRequest::LogSince {
-                chunk: self.chunk,
-                since: start,
-            })
-            .await
-            .map_err(failed)?;
-        bytes += self.copy(staging, &ranges, empty).await?;
-        staging::complete(&self.server.store, self.chunk, ChunkMeta { view, version })
-            .await
-            .map_err(io)?;
-        Ok((version, false, bytes))
+        let mut bytes = self.copy(staging, &extents.ranges, empty).await?;
+        match self
+            .converge(staging, extents.version, empty, &mut bytes)
+            .await?
+        {
+            Some(version) => {
+                staging::complete(&self.server.store, self.chunk, ChunkMeta { view, version })
+                    .await
+                    .map_err(io)?;
+                Ok((version, false, bytes))
+            }
+            None if kind == RepairKind::Prefetch => Ok((since, false, bytes)),
+            None => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
+        }
     }
+}
+
+/// The source's answer to LogSince or Extents.
+struct Ranges {
+    version: u64,
+    ranges: Vec<(u64, u64)>,
+    pending: bool,
 }
 
 pub(crate) async fn repair(
@@ -218,7 +309,7 @@ pub(crate) async fn repair(
     slot: &Slot,
     chunk: ChunkId,
     source: &str,
-    full: bool,
+    kind: RepairKind,
     bytes_per_second: u64,
 ) -> Result<ReplicaResponse, Failure> {
     {
@@ -254,7 +345,7 @@ pub(crate) async fn repair(
             bytes: 0,
         },
     };
-    let result = pull.run(view, since, full).await;
+    let result = pull.run(view, since, kind).await;
     let mut replica = slot.replica.lock().unwrap();
     replica.frozen = None;
     // What the store now holds: the new version, or on failure the old one (0 when a

@@ -128,6 +128,11 @@ impl Replica {
         });
     }
 
+    /// Changes handed to the store are not all durable yet.
+    pub fn pending(&self) -> bool {
+        self.submitted > self.durable
+    }
+
     /// The ranges changed after `since` up to the durable version, merged, or `None`
     /// when the log does not reach back to `since` (or `since` is not in this
     /// replica's history).

@@ -24,7 +24,7 @@ pub mod types;
 pub use connection::{Connection, TcpTransport};
 pub use frame::{Frame, FrameError, Status};
 pub use message::{
-    ClusterMapInfo, LayerInfo, MasterRequest, MasterResponse, Proposal, Registration,
+    ClusterMapInfo, LayerInfo, MasterRequest, MasterResponse, Proposal, Registration, RepairKind,
     ReplicaRequest, ReplicaResponse, Request, Response,
 };
 pub use transport::{ConnectionPool, Transport};

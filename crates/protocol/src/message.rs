@@ -212,13 +212,12 @@ pub enum ReplicaRequest {
     LogSince { chunk: ChunkId, since: u64 },
     /// The ranges holding data (everything else is a hole).
     Extents { chunk: ChunkId },
-    /// Brings this replica up to date from the replica at `source`: incrementally
-    /// when `source`'s journal lite reaches back far enough (and `full` is false),
-    /// else by copying the whole chunk, at most `bytes_per_second`.
+    /// Brings this replica up to date from the replica at `source`, copying at most
+    /// `bytes_per_second` (see [`RepairKind`]).
     Repair {
         chunk: ChunkId,
         source: String,
-        full: bool,
+        kind: RepairKind,
         bytes_per_second: u64,
     },
     /// crc32c of the replica's first `length` bytes, with its version.
@@ -226,6 +225,24 @@ pub enum ReplicaRequest {
     /// The replica moved elsewhere in `view`: free its data, unless it has joined a
     /// later view since.
     DropChunk { chunk: ChunkId, view: u64 },
+}
+
+/// How a repair copies. A copy counts only once the source held still at one version
+/// with nothing in flight to the end of it: data read while changes land may hold a
+/// change newer than the version the source reported, which a chunk's history may
+/// yet leave out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepairKind {
+    /// While writes go on, before a view change freezes the chunk: only a whole copy
+    /// is made (an incremental one is small and waits for the freeze), and it
+    /// replaces the replica only if the source held still at its end.
+    Prefetch,
+    /// Incremental when the source's journal lite reaches back to this replica's
+    /// version, else a whole copy.
+    CatchUp,
+    /// A whole copy.
+    Whole,
 }
 
 impl ReplicaRequest {
@@ -300,6 +317,9 @@ pub enum ReplicaResponse {
     Ranges {
         version: u64,
         ranges: Vec<(u64, u64)>,
+        /// Changes after `version` are in flight (handed to the store, not durable).
+        #[serde(default)]
+        pending: bool,
     },
     Repaired {
         version: u64,

@@ -8,15 +8,19 @@
 //! elsewhere (after `floe cluster expand` in crush mode, a remap, shrink or merge, or
 //! when a failed server returns). For each, at most [`Limits::concurrency`] at a time:
 //! 1. the map gives the new replica set, around servers that are down or lost, and
-//!    every target (new replicas, laggards) pulls from the most recent good replica
-//!    while writes continue: incremental when the source's journal lite reaches back,
-//!    a whole copy otherwise, at most [`Limits::bytes_per_second`];
+//!    every target (new replicas, laggards) that needs a whole copy makes it from the
+//!    most recent good replica while writes continue, at most
+//!    [`Limits::bytes_per_second`] (a prefetch: it counts only if the source held
+//!    still at its end, since data read while changes land may hold one the chunk's
+//!    history leaves out);
 //! 2. the replicas are moved to view + 1 (they then refuse the writer's changes until
 //!    it refreshes its map) and report their versions; with a majority answering, the
 //!    highest version is the chunk's state;
-//! 3. every replica of the new set below it catches up incrementally (little is left
-//!    after step 1), and the new replica set and view are stored. The writer then
-//!    resends what was refused, and replicas skip what they already hold;
+//! 3. every replica of the new set below it catches up from a replica at that version,
+//!    which now holds still: incrementally when its journal lite reaches back (a
+//!    laggard's few changes), whole otherwise (little is left after step 1); the new
+//!    replica set and view are stored. The writer then resends what was refused, and
+//!    replicas skip what they already hold;
 //! 4. replicas left out of the new set free their data.
 //!
 //! When fewer than a majority of a chunk's replicas answer, the highest version seen

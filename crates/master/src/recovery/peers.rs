@@ -3,7 +3,7 @@
 use crate::{Failure, Master};
 use floe_protocol::connection::CallError;
 use floe_protocol::{
-    ChunkId, ReplicaRequest, ReplicaResponse, Request, Response, ServerInfo, Status,
+    ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, Request, Response, ServerInfo, Status,
 };
 use std::time::Duration;
 
@@ -84,13 +84,13 @@ impl Master {
         chunk: ChunkId,
         target: &ServerInfo,
         source: &ServerInfo,
-        full: bool,
+        kind: RepairKind,
         bytes_per_second: u64,
     ) -> Result<Repaired, Failure> {
         let request = ReplicaRequest::Repair {
             chunk,
             source: source.address.clone(),
-            full,
+            kind,
             bytes_per_second,
         };
         match self.ask(&target.address, request).await {

@@ -1,7 +1,9 @@
 //! `floe scrub VOLUME`: replicas compared by checksum at equal versions.
 
 use crate::{Failure, Master};
-use floe_protocol::{ChunkId, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo};
+use floe_protocol::{
+    ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo,
+};
 use std::time::Duration;
 
 /// Compares every chunk's replicas by checksum at equal versions and repairs the
@@ -94,7 +96,13 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
             report.details.push(detail);
             let rate = master.recovery.limits.bytes_per_second;
             let repaired = master
-                .repair_from(chunk, &members[i], &members[authority], true, rate)
+                .repair_from(
+                    chunk,
+                    &members[i],
+                    &members[authority],
+                    RepairKind::Whole,
+                    rate,
+                )
                 .await
                 .is_ok()
                 && matches!(

@@ -5,7 +5,7 @@ use super::peers::Copied;
 use super::plan::{self, Reports, Servers};
 use crate::state::chunk_op;
 use crate::{Failure, Master};
-use floe_protocol::{ChunkId, ChunkPlacement, ReplicaRequest, ServerId, Status};
+use floe_protocol::{ChunkId, ChunkPlacement, RepairKind, ReplicaRequest, ServerId, Status};
 
 impl Master {
     /// Asks each of `ids` for its (view, version) with `request`, at once.
@@ -45,9 +45,9 @@ pub(super) async fn recover(
     };
     let plan = plan::plan(&placement, &servers, desired)?;
     let mut copied = Copied::default();
-    let repair = |target: ServerId, source: ServerId| {
+    let repair = |target: ServerId, source: ServerId, kind: RepairKind| {
         let (target, source) = (&servers[&target], &servers[&source]);
-        master.repair_from(chunk, target, source, false, bytes_per_second)
+        master.repair_from(chunk, target, source, kind, bytes_per_second)
     };
 
     // 1. Copy while writes go on, from the most recent good replica.
@@ -64,7 +64,11 @@ pub(super) async fn recover(
         .await;
     let copy = plan::copy_from(&plan, &placement, &reports)?;
     for target in &plan.targets {
-        copied.add(&repair(*target, copy.source).await?);
+        let prefetched = repair(*target, copy.source, RepairKind::Prefetch).await?;
+        // An incremental catch-up waits for step 3; it is counted there.
+        if !prefetched.incremental {
+            copied.add(&prefetched);
+        }
     }
 
     // 2. Freeze in the next view and find the chunk's state from a majority.
@@ -80,11 +84,11 @@ pub(super) async fn recover(
 
     // 3. Everyone in the new set catches up to the highest version.
     for id in &switch.catch_up {
-        let repaired = match repair(*id, switch.source).await {
+        let repaired = match repair(*id, switch.source, RepairKind::CatchUp).await {
             Ok(repaired) => repaired,
             Err(e) => {
-                // A whole copy that failed part-way left it punched: it must not count
-                // as current (nor, alone, set a later view's version).
+                // It may hold part of what it was to copy: it must not count as
+                // current (nor, alone, set a later view's version).
                 master.report_laggard(volume_id, index, *id).await?;
                 return Err(e);
             }
