@@ -43,13 +43,18 @@ pub(crate) async fn begin(store: &Store, chunk: ChunkId, view: u64) -> Result<Ch
 }
 
 /// The staging copy holds the chunk at `whole`: it replaces the chunk's replica.
-/// Returns the bytes moved.
+/// Returns the bytes moved. At version 0 the source never took a change, so the
+/// staging chunk is empty.
 pub(crate) async fn complete(
     store: &Store,
     chunk: ChunkId,
     whole: ChunkMeta,
 ) -> Result<u64, StoreError> {
-    assert!(whole.version > 0, "a whole copy of {chunk:?} at version 0");
+    if whole.version == 0 {
+        // The source never took a change: the replica is emptied (one record).
+        store.zero(chunk, 0, CHUNK_BYTES_MAX, true, whole).await?;
+        return Ok(0);
+    }
     store.set_meta(of(chunk), whole).await?;
     replace(store, chunk).await
 }
@@ -167,6 +172,28 @@ mod tests {
         assert!(read(&store, CHUNK).await == expected);
         assert_eq!(store.meta(staging).version, 0);
         assert!(store.extents(staging).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_copy_of_a_source_that_never_took_a_change_empties_the_replica() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let diverged = ChunkMeta {
+            view: 1,
+            version: 5,
+        };
+        store
+            .write(CHUNK, 0, Bytes::from(vec![1u8; 4096]), diverged)
+            .await
+            .unwrap();
+        begin(&store, CHUNK, 2).await.unwrap();
+        let empty = ChunkMeta {
+            view: 2,
+            version: 0,
+        };
+        assert_eq!(complete(&store, CHUNK, empty).await.unwrap(), 0);
+        assert_eq!(store.meta(CHUNK), empty);
+        assert!(store.extents(CHUNK).unwrap().is_empty());
     }
 
     #[tokio::test]
