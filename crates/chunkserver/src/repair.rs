@@ -4,11 +4,14 @@
 //! whole chunk is copied, then the changes made during the copy are pulled
 //! incrementally on top.
 //!
-//! While a repair runs the replica refuses changes. An incremental repair's data
-//! carries the replica's old version and the new one is stamped only at the end; a
-//! whole copy goes to a staging chunk that replaces the replica once complete
-//! ([`crate::staging`]). Either way a failure part-way leaves a replica that claims no
-//! more than it holds, and it is simply repaired again.
+//! While a repair runs the replica refuses changes. Data read from a source while
+//! changes land there may hold one newer than the version the source reported, which
+//! the chunk's history may yet leave out; a copy therefore ends only when a round
+//! finds the source unchanged with nothing in flight. An incremental repair's data
+//! carries version 0 (a failure part-way leaves a replica that claims nothing, whose
+//! next repair is whole) and the new version is stamped only at the end; a whole copy
+//! goes to a staging chunk that replaces the replica once complete
+//! ([`crate::staging`]), so a failure part-way leaves the replica as it was.
 
 use crate::replica::merge;
 use crate::staging;
@@ -204,7 +207,9 @@ impl Pull<'_> {
         since: u64,
         kind: RepairKind,
     ) -> Result<(u64, bool, u64), Failure> {
-        if kind != RepairKind::Whole {
+        // At version 0 a replica may hold anything (a repair that failed part-way
+        // left it so), not nothing: only a whole copy makes it exact.
+        if kind != RepairKind::Whole && since > 0 {
             let log = ReplicaRequest::LogSince {
                 chunk: self.chunk,
                 since,
@@ -213,7 +218,7 @@ impl Pull<'_> {
                 // Small: done under the view change's freeze, where the source holds
                 // still.
                 Ok(_) if kind == RepairKind::Prefetch => return Ok((since, true, 0)),
-                Ok(changed) => return self.incremental(view, since, changed).await,
+                Ok(changed) => return self.incremental(view, changed).await,
                 Err(CallError::Remote {
                     status: Status::NotFound,
                     ..
@@ -224,28 +229,18 @@ impl Pull<'_> {
         self.whole(view, since, kind).await
     }
 
-    /// Copies the ranges changed since `since` into the replica itself.
+    /// Copies the ranges changed since the replica's version into the replica itself.
     async fn incremental(
         &mut self,
         view: u64,
-        since: u64,
         changed: Ranges,
     ) -> Result<(u64, bool, u64), Failure> {
-        // Claims its old version while the copy runs (what it holds is at least that).
-        let mut bytes = self
-            .copy(
-                self.chunk,
-                &changed.ranges,
-                ChunkMeta {
-                    view,
-                    version: since,
-                },
-            )
-            .await?;
-        let meta = ChunkMeta {
-            view,
-            version: since,
-        };
+        // From its first copied piece on, the replica claims version 0: a copy that
+        // fails part-way (the source gone, this server killed) may have brought a
+        // change the chunk's history leaves out, and no later incremental copy would
+        // overwrite it.
+        let meta = ChunkMeta { view, version: 0 };
+        let mut bytes = self.copy(self.chunk, &changed.ranges, meta).await?;
         match self
             .converge(self.chunk, changed.version, meta, &mut bytes)
             .await?
@@ -256,8 +251,8 @@ impl Pull<'_> {
             }
             None => {
                 // It may hold a change the chunk's history will leave out: it claims
-                // nothing, and its next repair is a whole copy.
-                self.stamp(ChunkMeta { view, version: 0 }).await?;
+                // nothing (its next repair is a whole copy).
+                self.stamp(meta).await?;
                 Err((Status::Busy, SOURCE_KEPT_CHANGING.into()))
             }
         }
