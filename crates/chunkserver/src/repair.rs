@@ -8,13 +8,12 @@
 //! changes land there may hold one newer than the version the source reported, which
 //! the chunk's history may yet leave out; a copy therefore ends only when a round
 //! finds the source unchanged with nothing in flight. An incremental repair's data
-//! carries version 0 (a failure part-way leaves a replica that claims nothing, whose
-//! next repair is whole) and the new version is stamped only at the end; a whole copy
-//! goes to a staging chunk that replaces the replica once complete
-//! ([`crate::staging`]), so a failure part-way leaves the replica as it was.
+//! goes to a staging chunk laid over the replica once complete, a whole copy's to one
+//! that replaces it ([`crate::staging`]): a failure part-way leaves the replica as it
+//! was.
 
 use crate::replica::merge;
-use crate::staging;
+use crate::staging::{self, Staged};
 use crate::{ChunkServer, Slot};
 use bytes::Bytes;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
@@ -128,14 +127,24 @@ impl Pull<'_> {
         meta: ChunkMeta,
     ) -> Result<u64, Failure> {
         let mut copied = 0;
-        for (offset, length) in merge(&mut ranges.to_vec(), GAP_BYTES) {
+        // Whole blocks, so an overlay's extents are exactly what it holds; the
+        // source's data around a range is as new as anything the replica holds there.
+        let mut aligned = Vec::with_capacity(ranges.len());
+        for &(offset, length) in ranges {
+            let start = offset - offset % staging::ALIGN_BYTES;
             let end = offset
                 .checked_add(length)
                 .filter(|end| *end <= CHUNK_BYTES_MAX)
+                .and_then(|end| end.checked_next_multiple_of(staging::ALIGN_BYTES))
                 .ok_or((
                     Status::BadRequest,
                     format!("source sent range {offset}+{length}"),
                 ))?;
+            aligned.push((start, end - start));
+        }
+        for (offset, length) in merge(&mut aligned, GAP_BYTES) {
+            let end = offset + length;
+            assert!(end <= CHUNK_BYTES_MAX, "merged ranges end past the chunk");
             let mut at = offset;
             while at < end {
                 let n = (end - at).min(PIECE_BYTES);
@@ -161,14 +170,6 @@ impl Pull<'_> {
             }
         }
         Ok(copied)
-    }
-
-    async fn stamp(&self, meta: ChunkMeta) -> Result<(), Failure> {
-        self.server
-            .store
-            .set_meta(self.chunk, meta)
-            .await
-            .map_err(io)
     }
 
     /// Copies again what the source changed after `version` until a round finds it
@@ -229,32 +230,31 @@ impl Pull<'_> {
         self.whole(view, since, kind).await
     }
 
-    /// Copies the ranges changed since the replica's version into the replica itself.
+    /// Copies the ranges changed since the replica's version into an overlay, laid
+    /// over the replica once the copy converged.
     async fn incremental(
         &mut self,
         view: u64,
         changed: Ranges,
     ) -> Result<(u64, bool, u64), Failure> {
-        // From its first copied piece on, the replica claims version 0: a copy that
-        // fails part-way (the source gone, this server killed) may have brought a
-        // change the chunk's history leaves out, and no later incremental copy would
-        // overwrite it.
+        let store = &self.server.store;
+        let staging = staging::begin(store, self.chunk, Staged::Overlay, view)
+            .await
+            .map_err(io)?;
         let meta = ChunkMeta { view, version: 0 };
-        let mut bytes = self.copy(self.chunk, &changed.ranges, meta).await?;
+        let mut bytes = self.copy(staging, &changed.ranges, meta).await?;
         match self
-            .converge(self.chunk, changed.version, meta, &mut bytes)
+            .converge(staging, changed.version, meta, &mut bytes)
             .await?
         {
             Some(version) => {
-                self.stamp(ChunkMeta { view, version }).await?;
+                let whole = ChunkMeta { view, version };
+                staging::complete(&self.server.store, self.chunk, Staged::Overlay, whole)
+                    .await
+                    .map_err(io)?;
                 Ok((version, true, bytes))
             }
-            None => {
-                // It may hold a change the chunk's history will leave out: it claims
-                // nothing (its next repair is a whole copy).
-                self.stamp(meta).await?;
-                Err((Status::Busy, SOURCE_KEPT_CHANGING.into()))
-            }
+            None => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
         }
     }
 
@@ -267,7 +267,7 @@ impl Pull<'_> {
         since: u64,
         kind: RepairKind,
     ) -> Result<(u64, bool, u64), Failure> {
-        let staging = staging::begin(&self.server.store, self.chunk, view)
+        let staging = staging::begin(&self.server.store, self.chunk, Staged::Whole, view)
             .await
             .map_err(io)?;
         let empty = ChunkMeta { view, version: 0 };
@@ -281,7 +281,8 @@ impl Pull<'_> {
             .await?
         {
             Some(version) => {
-                staging::complete(&self.server.store, self.chunk, ChunkMeta { view, version })
+                let whole = ChunkMeta { view, version };
+                staging::complete(&self.server.store, self.chunk, Staged::Whole, whole)
                     .await
                     .map_err(io)?;
                 Ok((version, false, bytes))

@@ -1,12 +1,15 @@
-//! A whole-copy repair lands in a staging chunk first and replaces the replica only
-//! once it is complete, so a copy that fails part-way (the source gone, this server
+//! A repair copies into a staging chunk first and changes the replica only once the
+//! copy is complete, so a copy that fails part-way (the source gone, this server
 //! killed or its host's power cut) leaves the replica as it was: its version still
 //! tells what it holds, and it can still source a view change.
 //!
-//! The staging chunk of chunk `INDEX` is chunk `INDEX | CHUNK_INDEX_LIMIT` of the
-//! same volume (the wire never carries such indexes). It is complete once stamped
-//! with a non-zero version; from then on the replacement is finished even across a
-//! crash: [`finish_interrupted`] runs before the server serves.
+//! A whole copy's staging chunk replaces the replica; an incremental copy's is laid
+//! over it (its extents are exactly the ranges copied: [`ALIGN_BYTES`]). The staging
+//! chunks of chunk `INDEX` are chunks `INDEX | 2^62` (whole) and `INDEX | 2^63`
+//! (overlay) of the same volume (the wire never carries indexes from
+//! `CHUNK_INDEX_LIMIT` = 2^62 up). One is complete once stamped with a version above 0; from
+//! then on the change to the replica is finished even across a crash:
+//! [`finish_interrupted`] runs before the server serves.
 
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
 use floe_chunkstore::{ChunkMeta, Store, StoreError};
@@ -14,22 +17,46 @@ use floe_protocol::{ChunkId, CHUNK_INDEX_LIMIT};
 
 /// Bytes per read of the staging chunk.
 const PIECE_BYTES: u64 = 1 << 20;
+/// Mark the staging chunks of a whole copy and of an overlay.
+const WHOLE_BIT: u64 = CHUNK_INDEX_LIMIT;
+const OVERLAY_BIT: u64 = CHUNK_INDEX_LIMIT << 1;
+/// Copies into an overlay cover whole blocks of this size, so the staging chunk's
+/// extents (block-granular in file systems) are exactly what was copied.
+pub(crate) const ALIGN_BYTES: u64 = 4096;
 
-/// The staging chunk of `chunk`.
-pub(crate) fn of(chunk: ChunkId) -> ChunkId {
+/// What a complete staging chunk does to the replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Staged {
+    /// Replaces it: holes included, the staging chunk is the whole replica.
+    Whole,
+    /// Is laid over it: ranges changed since the replica's version.
+    Overlay,
+}
+
+/// The staging chunk of `chunk` for `kind`.
+pub(crate) fn of(chunk: ChunkId, kind: Staged) -> ChunkId {
     assert!(
         chunk.index < CHUNK_INDEX_LIMIT,
         "{chunk:?} is a staging chunk already"
     );
+    let bits = match kind {
+        Staged::Whole => WHOLE_BIT,
+        Staged::Overlay => OVERLAY_BIT,
+    };
     ChunkId {
-        index: chunk.index | CHUNK_INDEX_LIMIT,
+        index: chunk.index | bits,
         ..chunk
     }
 }
 
-/// An empty staging chunk for a whole copy of `chunk` in `view`.
-pub(crate) async fn begin(store: &Store, chunk: ChunkId, view: u64) -> Result<ChunkId, StoreError> {
-    let staging = of(chunk);
+/// An empty staging chunk for a copy of `chunk` in `view`.
+pub(crate) async fn begin(
+    store: &Store,
+    chunk: ChunkId,
+    kind: Staged,
+    view: u64,
+) -> Result<ChunkId, StoreError> {
+    let staging = of(chunk, kind);
     store
         .zero(
             staging,
@@ -42,59 +69,64 @@ pub(crate) async fn begin(store: &Store, chunk: ChunkId, view: u64) -> Result<Ch
     Ok(staging)
 }
 
-/// The staging copy holds the chunk at `whole`: it replaces the chunk's replica.
-/// Returns the bytes moved. At version 0 the source never took a change, so the
-/// staging chunk is empty.
+/// The staging copy holds the chunk at `whole` (what the source held): it replaces
+/// the replica or is laid over it. Returns the bytes moved. A whole copy at version
+/// 0 is of a source that never took a change: the replica is emptied.
 pub(crate) async fn complete(
     store: &Store,
     chunk: ChunkId,
+    kind: Staged,
     whole: ChunkMeta,
 ) -> Result<u64, StoreError> {
     if whole.version == 0 {
-        // The source never took a change: the replica is emptied (one record).
+        assert_eq!(kind, Staged::Whole, "{chunk:?}: an overlay up to version 0");
         store.zero(chunk, 0, CHUNK_BYTES_MAX, true, whole).await?;
         return Ok(0);
     }
-    store.set_meta(of(chunk), whole).await?;
-    replace(store, chunk).await
+    store.set_meta(of(chunk, kind), whole).await?;
+    apply(store, chunk, kind).await
 }
 
-/// Finishes the replacements a stop interrupted (a staging chunk stamped complete).
+/// Finishes the changes to replicas a stop interrupted (a staging chunk stamped
+/// complete).
 pub async fn finish_interrupted(store: &Store) -> Result<(), StoreError> {
     for staging in store.chunks() {
         if staging.index < CHUNK_INDEX_LIMIT || store.meta(staging).version == 0 {
             continue;
         }
+        let kind = match staging.index & OVERLAY_BIT {
+            0 => Staged::Whole,
+            _ => Staged::Overlay,
+        };
         let chunk = ChunkId {
-            index: staging.index & !CHUNK_INDEX_LIMIT,
+            index: staging.index & (CHUNK_INDEX_LIMIT - 1),
             ..staging
         };
-        let bytes = replace(store, chunk).await?;
-        tracing::info!(
-            ?chunk,
-            bytes,
-            "finished a whole-copy repair a stop interrupted"
-        );
+        let bytes = apply(store, chunk, kind).await?;
+        tracing::info!(?chunk, ?kind, bytes, "finished a repair a stop interrupted");
     }
     Ok(())
 }
 
-/// Makes the replica of `chunk` what its complete staging chunk holds, then empties
-/// the staging chunk. Until the last stamp the replica claims version 0 (holding
-/// less than before), so a failure part-way never has it claim more than it holds;
-/// run again, it ends the same.
-async fn replace(store: &Store, chunk: ChunkId) -> Result<u64, StoreError> {
-    let staging = of(chunk);
+/// Replaces the replica of `chunk` with, or lays over it, its complete staging chunk,
+/// then empties the staging chunk. Until the last stamp the replica claims version 0
+/// (it holds neither its old state nor the new one), so a failure part-way never has
+/// it claim more than it holds; run again, it ends the same.
+async fn apply(store: &Store, chunk: ChunkId, kind: Staged) -> Result<u64, StoreError> {
+    let staging = of(chunk, kind);
     let whole = store.meta(staging);
     assert!(
         whole.version > 0,
         "{chunk:?}: its staging copy is incomplete"
     );
-    let emptied = ChunkMeta {
+    let unknown = ChunkMeta {
         view: whole.view,
         version: 0,
     };
-    store.zero(chunk, 0, CHUNK_BYTES_MAX, true, emptied).await?;
+    match kind {
+        Staged::Whole => store.zero(chunk, 0, CHUNK_BYTES_MAX, true, unknown).await?,
+        Staged::Overlay => store.set_meta(chunk, unknown).await?,
+    }
     let mut bytes = 0;
     for (offset, length) in store.extents(staging)? {
         let end = offset + length;
@@ -102,7 +134,7 @@ async fn replace(store: &Store, chunk: ChunkId) -> Result<u64, StoreError> {
         while at < end {
             let n = (end - at).min(PIECE_BYTES);
             let data = store.read(staging, at, n as u32).await?;
-            store.write(chunk, at, data, emptied).await?;
+            store.write(chunk, at, data, unknown).await?;
             at += n;
             bytes += n;
         }
@@ -143,7 +175,7 @@ mod tests {
         let before = read(&store, CHUNK).await;
 
         // A copy that stops part-way: the replica holds and claims what it did.
-        let staging = begin(&store, CHUNK, 2).await.unwrap();
+        let staging = begin(&store, CHUNK, Staged::Whole, 2).await.unwrap();
         let empty = ChunkMeta {
             view: 2,
             version: 0,
@@ -159,13 +191,16 @@ mod tests {
         assert_eq!(store.meta(CHUNK), old, "an incomplete copy was adopted");
 
         // Done again and completed: the replica is the copy, holes included.
-        let staging = begin(&store, CHUNK, 2).await.unwrap();
+        let staging = begin(&store, CHUNK, Staged::Whole, 2).await.unwrap();
         store.write(staging, 4096, data, empty).await.unwrap();
         let whole = ChunkMeta {
             view: 2,
             version: 9,
         };
-        assert_eq!(complete(&store, CHUNK, whole).await.unwrap(), 8192);
+        assert_eq!(
+            complete(&store, CHUNK, Staged::Whole, whole).await.unwrap(),
+            8192
+        );
         assert_eq!(store.meta(CHUNK), whole);
         let mut expected = vec![0u8; 3 << 20];
         expected[4096..4096 + 8192].fill(2);
@@ -186,14 +221,55 @@ mod tests {
             .write(CHUNK, 0, Bytes::from(vec![1u8; 4096]), diverged)
             .await
             .unwrap();
-        begin(&store, CHUNK, 2).await.unwrap();
+        begin(&store, CHUNK, Staged::Whole, 2).await.unwrap();
         let empty = ChunkMeta {
             view: 2,
             version: 0,
         };
-        assert_eq!(complete(&store, CHUNK, empty).await.unwrap(), 0);
+        assert_eq!(
+            complete(&store, CHUNK, Staged::Whole, empty).await.unwrap(),
+            0
+        );
         assert_eq!(store.meta(CHUNK), empty);
         assert!(store.extents(CHUNK).unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_overlay_changes_only_the_ranges_it_holds_and_only_once_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let old = ChunkMeta {
+            view: 1,
+            version: 5,
+        };
+        store
+            .write(CHUNK, 0, Bytes::from(vec![1u8; 16384]), old)
+            .await
+            .unwrap();
+        let staging = begin(&store, CHUNK, Staged::Overlay, 2).await.unwrap();
+        let copying = ChunkMeta {
+            view: 2,
+            version: 0,
+        };
+        store
+            .write(staging, 4096, Bytes::from(vec![2u8; 4096]), copying)
+            .await
+            .unwrap();
+        finish_interrupted(&store).await.unwrap();
+        assert_eq!(store.meta(CHUNK), old, "an incomplete overlay was laid");
+        let new = ChunkMeta {
+            view: 2,
+            version: 7,
+        };
+        assert_eq!(
+            complete(&store, CHUNK, Staged::Overlay, new).await.unwrap(),
+            4096
+        );
+        assert_eq!(store.meta(CHUNK), new);
+        let mut expected = vec![0u8; 3 << 20];
+        expected[..16384].fill(1);
+        expected[4096..8192].fill(2);
+        assert!(read(&store, CHUNK).await == expected);
     }
 
     #[tokio::test]
@@ -208,7 +284,7 @@ mod tests {
             .write(CHUNK, 0, Bytes::from(vec![1u8; 4096]), old)
             .await
             .unwrap();
-        let staging = begin(&store, CHUNK, 2).await.unwrap();
+        let staging = begin(&store, CHUNK, Staged::Whole, 2).await.unwrap();
         let whole = ChunkMeta {
             view: 2,
             version: 9,

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Chunk indexes on the wire stay below this; a chunk server keeps the ones above for
 /// itself (the staging copy of a chunk under a whole-copy repair).
-pub const CHUNK_INDEX_LIMIT: u64 = 1 << 63;
+pub const CHUNK_INDEX_LIMIT: u64 = 1 << 62;
 
 /// One chunk of one volume; a replica of it lives on each of its chunk servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
