@@ -428,7 +428,9 @@ impl ChunkServer {
         let response = {
             let mut replica = slot.replica.lock().unwrap();
             match result {
-                Ok(()) if replica.frozen.is_none() => {
+                // A drop or repair that reset the replica meanwhile made this change
+                // no longer part of what it claims.
+                Ok(()) if replica.frozen.is_none() && replica.submitted >= stamp.version => {
                     replica.durable = replica.durable.max(stamp.version);
                     Response::Done
                 }
@@ -606,23 +608,33 @@ impl ChunkServer {
             }
             ReplicaRequest::DropChunk { chunk, view } => {
                 let slot = self.slot(chunk);
-                {
-                    let mut replica = slot.replica.lock().unwrap();
+                let keep = |replica: &Replica| -> Result<(), (Status, String)> {
                     if replica.view > view {
                         return Err((
                             Status::StaleView,
                             format!("the replica joined view {} since; kept", replica.view),
                         ));
                     }
-                    if replica.frozen.is_some() {
-                        return Err((
-                            Status::Busy,
-                            format!("the replica is {}; kept", replica.frozen.unwrap_or("")),
-                        ));
+                    if let Some(why) = replica.frozen {
+                        return Err((Status::Busy, format!("the replica is {why}; kept")));
                     }
+                    Ok(())
+                };
+                {
+                    // Changes of the views it leaves are refused from here on; the
+                    // ones already in flight end first, or one would be counted
+                    // durable after the reset below.
+                    let mut replica = slot.replica.lock().unwrap();
+                    keep(&replica)?;
+                    replica.view = view;
+                }
+                slot.changed.notify_waiters();
+                slot.settled().await;
+                {
+                    let mut replica = slot.replica.lock().unwrap();
+                    keep(&replica)?;
                     // Claims nothing from here on: a read wanting any version, or a
                     // repair, finds an empty replica.
-                    replica.view = view;
                     replica.submitted = 0;
                     replica.durable = 0;
                     replica.log.clear();

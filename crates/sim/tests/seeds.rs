@@ -118,6 +118,7 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (901147, "a whole copy from a source that never took a change (version 0) tripped an assertion"),
     (1001879, "an incremental catch-up whose source died part-way kept a change no majority took, at its old version; later catch-ups never overwrote it"),
     (1107735, "the only good replica was lost while a stale one had claimed version 0 after a failed incremental copy: the chunk waited forever"),
+    (1211633, "a change in flight when its replica was dropped completed after the drop and raised the emptied replica's version: a read got zeroes"),
     (101449, "a replica down during the audit after a writer died came back behind, counted current"),
     (806009, "a replica cut off during the audit after a writer died came back behind, counted current"),
     (802317, "a server marked lost registered again (a message in flight) and was counted down, not lost: the cluster never healed"),
