@@ -13,6 +13,7 @@ use crate::master::MasterClient;
 use floe_blockdev::IoError;
 use floe_protocol::connection::CallError;
 use floe_protocol::{MasterRequest, MasterResponse, Status, VolumeLimits};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -37,6 +38,31 @@ pub struct Lease {
     /// The volume's rate limits as of the last grant or renewal.
     limits: watch::Receiver<VolumeLimits>,
     renewer: tokio::task::JoinHandle<()>,
+    /// A change ended unsettled (failed or cancelled after it was sent): it may have
+    /// left replicas unequal, so the lease is not released at close.
+    unsettled: AtomicBool,
+}
+
+/// A change sent under a lease. Unless it ends [`InFlight::settled`] (committed, and
+/// the replicas that missed it reported), the lease is not released at close but runs
+/// out at the master, which then compares the volume's replicas.
+pub struct InFlight<'a> {
+    lease: &'a Lease,
+    settled: bool,
+}
+
+impl InFlight<'_> {
+    pub fn settled(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.lease.unsettled.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Lease {
@@ -91,7 +117,16 @@ impl Lease {
             lost,
             limits,
             renewer,
+            unsettled: AtomicBool::new(false),
         })
+    }
+
+    /// Marks a change as sent: see [`InFlight`].
+    pub fn change_in_flight(&self) -> InFlight<'_> {
+        InFlight {
+            lease: self,
+            settled: false,
+        }
     }
 
     /// Like [`Lease::acquire`], but waits out a lease that is about to expire (its
@@ -239,9 +274,10 @@ async fn renew(renewal: Renewal, limits: watch::Sender<VolumeLimits>) {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.renewer.abort();
-        // A lease given up is not released: it runs out at the master, which then
-        // compares the replicas the abandoned change may have left unequal.
-        if self.lost.lock().unwrap().is_some() {
+        // A lease given up, or one a change ended unsettled under, is not released:
+        // it runs out at the master, which then compares the replicas that change may
+        // have left unequal.
+        if self.lost.lock().unwrap().is_some() || self.unsettled.load(Ordering::Relaxed) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -270,7 +306,7 @@ fn next_attempt() -> u64 {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |t| t.as_nanos() as u64)
     });
-    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let count = COUNT.fetch_add(1, Ordering::Relaxed);
     first.wrapping_add(count).max(1)
 }
 

@@ -464,6 +464,7 @@ impl ReplicatedChunks {
                 version,
             }
         };
+        let in_flight = lease.change_in_flight();
         let deadline = Instant::now() + REQUEST_DEADLINE;
         loop {
             // Nothing is sent once the lease may have run out, resends included:
@@ -534,6 +535,8 @@ impl ReplicatedChunks {
                 let mut chunks = self.chunks.lock().unwrap();
                 let chunk = chunks.get_mut(&index).expect("allocated");
                 chunk.committed = chunk.committed.max(stamp.version);
+                drop(chunks);
+                in_flight.settled();
                 // Not acknowledged once the lease may have run out: another gateway
                 // may hold the volume by now, and its writes must follow all of ours.
                 return lease.check();

@@ -119,6 +119,7 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (1001879, "an incremental catch-up whose source died part-way kept a change no majority took, at its old version; later catch-ups never overwrote it"),
     (1107735, "the only good replica was lost while a stale one had claimed version 0 after a failed incremental copy: the chunk waited forever"),
     (1211633, "a change in flight when its replica was dropped completed after the drop and raised the emptied replica's version: a read got zeroes"),
+    (1207944, "a gateway closed while a change's laggard report was still retrying released its lease cleanly, so no audit found the replica left behind"),
     (101449, "a replica down during the audit after a writer died came back behind, counted current"),
     (806009, "a replica cut off during the audit after a writer died came back behind, counted current"),
     (802317, "a server marked lost registered again (a message in flight) and was counted down, not lost: the cluster never healed"),
