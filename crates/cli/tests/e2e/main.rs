@@ -18,4 +18,5 @@ mod mark_lost;
 mod nbd_raw;
 mod netcut;
 mod qos;
+mod scrub;
 mod takeover;

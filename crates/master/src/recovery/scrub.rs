@@ -7,7 +7,7 @@ use floe_protocol::{
 use std::time::Duration;
 
 /// Compares every chunk's replicas by checksum at equal versions and repairs the
-/// ones that differ from the majority (the primary breaks ties).
+/// ones that differ from a majority; with no majority it changes nothing.
 pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Failure> {
     const SETTLE_ATTEMPTS: u32 = 20;
     let (volume, indexes) = {
@@ -78,11 +78,28 @@ pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Fa
             continue;
         }
         report.differences += 1;
-        let votes = |crc: u32| sums.iter().filter(|s| s.1 == crc).count();
-        let authority = (0..sums.len())
-            .max_by_key(|i| (votes(sums[*i].1), usize::MAX - i))
-            .expect("replicas answered");
-        let good = sums[authority].1;
+        let crcs: Vec<u32> = sums.iter().map(|s| s.1).collect();
+        let Some(good) = majority(&crcs) else {
+            // No telling the good copy (if any) from the bad: a rebuild from one of
+            // them could destroy the only good copy.
+            let detail = format!(
+                "chunk {index}: no two replicas agree at version {:#x} (crcs {}): nothing \
+                 rebuilt; the replicas are kept as they are",
+                sums[0].0,
+                crcs.iter()
+                    .zip(&members)
+                    .map(|(crc, s)| format!("server {} {crc:08x}", s.id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            tracing::warn!("scrub: {detail}");
+            report.details.push(detail);
+            continue;
+        };
+        let authority = crcs
+            .iter()
+            .position(|crc| *crc == good)
+            .expect("a majority holds it");
         let mut fixed = true;
         for (i, (_, crc)) in sums.iter().enumerate() {
             if *crc == good {
@@ -131,4 +148,25 @@ fn replicas_of(master: &Master, volume_id: u64, index: u64) -> Option<Vec<Server
         .iter()
         .map(|id| state.servers.get(id).filter(|s| s.up && !s.lost).cloned())
         .collect()
+}
+
+/// The checksum more than half of the replicas hold, if any.
+fn majority(crcs: &[u32]) -> Option<u32> {
+    crcs.iter()
+        .copied()
+        .find(|crc| crcs.iter().filter(|c| *c == crc).count() * 2 > crcs.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::majority;
+
+    #[test]
+    fn only_a_checksum_most_replicas_hold_is_the_good_one() {
+        assert_eq!(majority(&[7, 7, 7]), Some(7));
+        assert_eq!(majority(&[7, 9, 7]), Some(7));
+        // Two of three corrupted, differently: the primary's copy is no authority.
+        assert_eq!(majority(&[8, 9, 7]), None);
+        assert_eq!(majority(&[8, 7]), None);
+    }
 }
