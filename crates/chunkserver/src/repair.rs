@@ -237,24 +237,9 @@ impl Pull<'_> {
         view: u64,
         changed: Ranges,
     ) -> Result<(u64, bool, u64), Failure> {
-        let store = &self.server.store;
-        let staging = staging::begin(store, self.chunk, Staged::Overlay, view)
-            .await
-            .map_err(io)?;
-        let meta = ChunkMeta { view, version: 0 };
-        let mut bytes = self.copy(staging, &changed.ranges, meta).await?;
-        match self
-            .converge(staging, changed.version, meta, &mut bytes)
-            .await?
-        {
-            Some(version) => {
-                let whole = ChunkMeta { view, version };
-                staging::complete(&self.server.store, self.chunk, Staged::Overlay, whole)
-                    .await
-                    .map_err(io)?;
-                Ok((version, true, bytes))
-            }
-            None => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
+        match self.staged(view, Staged::Overlay, changed).await? {
+            (Some(version), bytes) => Ok((version, true, bytes)),
+            (None, _) => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
         }
     }
 
@@ -267,29 +252,43 @@ impl Pull<'_> {
         since: u64,
         kind: RepairKind,
     ) -> Result<(u64, bool, u64), Failure> {
-        let staging = staging::begin(&self.server.store, self.chunk, Staged::Whole, view)
-            .await
-            .map_err(io)?;
-        let empty = ChunkMeta { view, version: 0 };
         let extents = self
             .ranges(ReplicaRequest::Extents { chunk: self.chunk })
             .await
             .map_err(failed)?;
-        let mut bytes = self.copy(staging, &extents.ranges, empty).await?;
-        match self
-            .converge(staging, extents.version, empty, &mut bytes)
-            .await?
-        {
-            Some(version) => {
-                let whole = ChunkMeta { view, version };
-                staging::complete(&self.server.store, self.chunk, Staged::Whole, whole)
-                    .await
-                    .map_err(io)?;
-                Ok((version, false, bytes))
-            }
-            None if kind == RepairKind::Prefetch => Ok((since, false, bytes)),
-            None => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
+        match self.staged(view, Staged::Whole, extents).await? {
+            (Some(version), bytes) => Ok((version, false, bytes)),
+            (None, bytes) if kind == RepairKind::Prefetch => Ok((since, false, bytes)),
+            (None, _) => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
         }
+    }
+
+    /// Copies `first` into a fresh staging chunk of `kind`, then what changed
+    /// meanwhile, and applies it to the replica once the copy converged. Returns the
+    /// version reached (None: the source kept changing, the replica is as it was) and
+    /// the bytes copied.
+    async fn staged(
+        &mut self,
+        view: u64,
+        kind: Staged,
+        first: Ranges,
+    ) -> Result<(Option<u64>, u64), Failure> {
+        let store = &self.server.store;
+        let staging = staging::begin(store, self.chunk, kind, view)
+            .await
+            .map_err(io)?;
+        let copying = ChunkMeta { view, version: 0 };
+        let mut bytes = self.copy(staging, &first.ranges, copying).await?;
+        let reached = self
+            .converge(staging, first.version, copying, &mut bytes)
+            .await?;
+        if let Some(version) = reached {
+            let whole = ChunkMeta { view, version };
+            staging::complete(&self.server.store, self.chunk, kind, whole)
+                .await
+                .map_err(io)?;
+        }
+        Ok((reached, bytes))
     }
 }
 

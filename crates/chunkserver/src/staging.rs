@@ -156,6 +156,23 @@ mod tests {
         index: 3,
     };
 
+    fn meta(view: u64, version: u64) -> ChunkMeta {
+        ChunkMeta { view, version }
+    }
+
+    /// Writes `length` bytes of `byte` at `offset`, leaving the chunk at `meta`.
+    async fn fill(
+        store: &Store,
+        chunk: ChunkId,
+        offset: u64,
+        byte: u8,
+        length: usize,
+        meta: ChunkMeta,
+    ) {
+        let data = Bytes::from(vec![byte; length]);
+        store.write(chunk, offset, data, meta).await.unwrap();
+    }
+
     async fn read(store: &Store, chunk: ChunkId) -> Vec<u8> {
         store.read(chunk, 0, 3 << 20).await.unwrap().to_vec()
     }
@@ -164,22 +181,13 @@ mod tests {
     async fn an_incomplete_copy_leaves_the_replica_and_a_complete_one_replaces_it() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let old = ChunkMeta {
-            view: 1,
-            version: 5,
-        };
-        store
-            .write(CHUNK, 1 << 20, Bytes::from(vec![1u8; 4096]), old)
-            .await
-            .unwrap();
+        let old = meta(1, 5);
+        fill(&store, CHUNK, 1 << 20, 1u8, 4096, old).await;
         let before = read(&store, CHUNK).await;
 
         // A copy that stops part-way: the replica holds and claims what it did.
         let staging = begin(&store, CHUNK, Staged::Whole, 2).await.unwrap();
-        let empty = ChunkMeta {
-            view: 2,
-            version: 0,
-        };
+        let empty = meta(2, 0);
         let data = Bytes::from(vec![2u8; 8192]);
         store
             .write(staging, 4096, data.clone(), empty)
@@ -193,10 +201,7 @@ mod tests {
         // Done again and completed: the replica is the copy, holes included.
         let staging = begin(&store, CHUNK, Staged::Whole, 2).await.unwrap();
         store.write(staging, 4096, data, empty).await.unwrap();
-        let whole = ChunkMeta {
-            view: 2,
-            version: 9,
-        };
+        let whole = meta(2, 9);
         assert_eq!(
             complete(&store, CHUNK, Staged::Whole, whole).await.unwrap(),
             8192
@@ -213,19 +218,10 @@ mod tests {
     async fn a_copy_of_a_source_that_never_took_a_change_empties_the_replica() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let diverged = ChunkMeta {
-            view: 1,
-            version: 5,
-        };
-        store
-            .write(CHUNK, 0, Bytes::from(vec![1u8; 4096]), diverged)
-            .await
-            .unwrap();
+        let diverged = meta(1, 5);
+        fill(&store, CHUNK, 0, 1u8, 4096, diverged).await;
         begin(&store, CHUNK, Staged::Whole, 2).await.unwrap();
-        let empty = ChunkMeta {
-            view: 2,
-            version: 0,
-        };
+        let empty = meta(2, 0);
         assert_eq!(
             complete(&store, CHUNK, Staged::Whole, empty).await.unwrap(),
             0
@@ -238,29 +234,14 @@ mod tests {
     async fn an_overlay_changes_only_the_ranges_it_holds_and_only_once_complete() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let old = ChunkMeta {
-            view: 1,
-            version: 5,
-        };
-        store
-            .write(CHUNK, 0, Bytes::from(vec![1u8; 16384]), old)
-            .await
-            .unwrap();
+        let old = meta(1, 5);
+        fill(&store, CHUNK, 0, 1u8, 16384, old).await;
         let staging = begin(&store, CHUNK, Staged::Overlay, 2).await.unwrap();
-        let copying = ChunkMeta {
-            view: 2,
-            version: 0,
-        };
-        store
-            .write(staging, 4096, Bytes::from(vec![2u8; 4096]), copying)
-            .await
-            .unwrap();
+        let copying = meta(2, 0);
+        fill(&store, staging, 4096, 2u8, 4096, copying).await;
         finish_interrupted(&store).await.unwrap();
         assert_eq!(store.meta(CHUNK), old, "an incomplete overlay was laid");
-        let new = ChunkMeta {
-            view: 2,
-            version: 7,
-        };
+        let new = meta(2, 7);
         assert_eq!(
             complete(&store, CHUNK, Staged::Overlay, new).await.unwrap(),
             4096
@@ -276,23 +257,11 @@ mod tests {
     async fn a_complete_copy_a_stop_interrupted_replaces_the_replica_at_start() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let old = ChunkMeta {
-            view: 1,
-            version: 5,
-        };
-        store
-            .write(CHUNK, 0, Bytes::from(vec![1u8; 4096]), old)
-            .await
-            .unwrap();
+        let old = meta(1, 5);
+        fill(&store, CHUNK, 0, 1u8, 4096, old).await;
         let staging = begin(&store, CHUNK, Staged::Whole, 2).await.unwrap();
-        let whole = ChunkMeta {
-            view: 2,
-            version: 9,
-        };
-        store
-            .write(staging, 8192, Bytes::from(vec![3u8; 4096]), whole)
-            .await
-            .unwrap();
+        let whole = meta(2, 9);
+        fill(&store, staging, 8192, 3u8, 4096, whole).await;
         // Stamped complete, then stopped before the replacement ran.
         finish_interrupted(&store).await.unwrap();
         assert_eq!(store.meta(CHUNK), whole);
