@@ -6,6 +6,7 @@
 //! One single-threaded event loop owns the connections and commits the log (Vitastor's
 //! habit on few cores), so the replica state below is never contended.
 
+mod heal;
 mod repair;
 pub mod replica;
 mod staging;
@@ -218,6 +219,7 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
     let mut used_bytes = store.used_bytes();
     let mut beats = 0u32;
     let mut deleted: HashSet<u64> = HashSet::new();
+    let mut corrupt_blocks = Vec::new();
     let mut interval = tokio::time::interval(HEARTBEAT_INTERVAL);
     loop {
         interval.tick().await;
@@ -230,11 +232,14 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                 }
                 // The master slows writers before the journals fill.
                 let (journal_used_bytes, journal_quota_bytes) = store.journal_usage();
+                // Kept until a heartbeat carrying them is acknowledged.
+                corrupt_blocks.extend(store.take_corrupt());
                 MasterRequest::Heartbeat {
                     id,
                     used_bytes,
                     journal_used_bytes,
                     journal_quota_bytes,
+                    corrupt_blocks: corrupt_blocks.clone(),
                 }
             }
         };
@@ -247,6 +252,7 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                 deleted_volumes,
                 leases,
             })) => {
+                corrupt_blocks.clear();
                 for (volume_id, generation) in leases {
                     server.saw_generation(volume_id, generation);
                 }
@@ -283,6 +289,7 @@ fn store_status(e: &StoreError) -> Status {
         StoreError::OutOfRange { .. } => Status::BadRequest,
         StoreError::NoSpace(_) => Status::NoSpace,
         StoreError::Io(_) => Status::Io,
+        StoreError::Corrupt { .. } => Status::Corrupt,
         StoreError::ShutDown => Status::Unavailable,
     }
 }
@@ -590,13 +597,18 @@ impl ChunkServer {
             }
             ReplicaRequest::Checksum { chunk, length } => {
                 let version = self.state(chunk).version;
-                let crc = self
+                let (crc, bad) = self
                     .store
                     .checksum(chunk, length)
                     .await
                     .map_err(control_store_error)?;
-                Ok(ReplicaResponse::Checksum { version, crc })
+                Ok(ReplicaResponse::Checksum { version, crc, bad })
             }
+            ReplicaRequest::Heal {
+                chunk,
+                version,
+                blocks,
+            } => heal::heal(self, chunk, version, blocks).await,
             ReplicaRequest::Repair {
                 chunk,
                 source,

@@ -1,15 +1,17 @@
 //! The chunk files and the replicas' durable state, shared by readers, the committer
 //! and the replay worker; a cache of open chunk files.
 
+use crate::block_sums::ChunkFile;
 use crate::disk::hdd::Hdd;
-use crate::disk::{Disk, FileRef};
+use crate::disk::Disk;
 use crate::journal::Journals;
 use crate::layout;
 use crate::meta::Metas;
 use floe_protocol::ChunkId;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Open chunk files kept cached.
@@ -18,12 +20,15 @@ const OPEN_FILES_MAX: usize = 4096;
 pub(crate) struct Files {
     pub(crate) disk: Arc<dyn Disk>,
     pub(crate) dir: PathBuf,
-    open: Mutex<HashMap<ChunkId, FileRef>>,
+    open: Mutex<HashMap<ChunkId, ChunkFile>>,
     /// Updated as log records commit: the state of what is durable.
     pub(crate) metas: Mutex<Metas>,
     /// The emulated hdd under the chunk files, asked whether it is idle.
     pub(crate) hdd: Option<Arc<Hdd>>,
     pub(crate) journals: Option<Journals>,
+    /// Blocks found failing their checksums and not yet reported (chunk, offset).
+    corrupt: Mutex<BTreeSet<(ChunkId, u64)>>,
+    corrupt_found: AtomicU64,
 }
 
 impl Files {
@@ -40,25 +45,60 @@ impl Files {
             metas: Mutex::new(metas),
             hdd,
             journals: None,
+            corrupt: Mutex::default(),
+            corrupt_found: AtomicU64::new(0),
         }
     }
 
-    /// The chunk's file; `None` when it does not exist and `create` is false.
-    pub(crate) fn get(&self, chunk: ChunkId, create: bool) -> io::Result<Option<FileRef>> {
+    /// Notes a block that failed its checksum: logged and counted here, reported by
+    /// the chunk server (see [`crate::Store::take_corrupt`]).
+    pub(crate) fn found_corrupt(&self, chunk: ChunkId, offset: u64, place: &str) {
+        tracing::error!(
+            volume = chunk.volume_id,
+            chunk = chunk.index,
+            offset,
+            place,
+            "block fails its checksum"
+        );
+        self.corrupt_found.fetch_add(1, Ordering::Relaxed);
+        self.corrupt.lock().unwrap().insert((chunk, offset));
+    }
+
+    pub(crate) fn take_corrupt(&self) -> Vec<(ChunkId, u64)> {
+        std::mem::take(&mut *self.corrupt.lock().unwrap())
+            .into_iter()
+            .collect()
+    }
+
+    pub(crate) fn corrupt_found(&self) -> u64 {
+        self.corrupt_found.load(Ordering::Relaxed)
+    }
+
+    /// The chunk's file; `None` when it does not exist and `create` is false. Its
+    /// checksum file is made with it, or on first use when missing (a crash between
+    /// the two, or an older version's chunk): empty, every block unchecked.
+    pub(crate) fn get(&self, chunk: ChunkId, create: bool) -> io::Result<Option<ChunkFile>> {
         if let Some(f) = self.open.lock().unwrap().get(&chunk) {
             return Ok(Some(f.clone()));
         }
         let path = layout::chunk_path(&self.dir, chunk);
-        let file = match self.disk.open(&path, false) {
-            Ok(f) => f,
+        let (data, created) = match self.disk.open(&path, false) {
+            Ok(f) => (f, false),
             Err(e) if e.kind() == ErrorKind::NotFound && create => {
                 self.disk
                     .create_dir_all(path.parent().expect("chunk path has a parent"))?;
-                self.disk.open(&path, true)?
+                (self.disk.open(&path, true)?, true)
             }
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
+        let sums = self.disk.open(&layout::sums_path(&self.dir, chunk), true)?;
+        if created {
+            // A power cut may have kept the checksums of a file whose creation it
+            // undid: a new file's blocks are holes, unchecked.
+            sums.set_len(0)?;
+        }
+        let file = ChunkFile { chunk, data, sums };
         let mut open = self.open.lock().unwrap();
         if open.len() >= OPEN_FILES_MAX {
             open.clear();

@@ -3,6 +3,7 @@
 //! completes them. Plain mode's commit is in [`crate::plain_commit`], hybrid mode's in
 //! [`crate::hybrid_commit`]; this file holds what both share.
 
+use crate::block_sums::{Fill, Merge};
 use crate::chunk_files::Files;
 use crate::disk::hdd;
 use crate::error::StoreError;
@@ -149,25 +150,37 @@ impl Committer {
 
     /// Appends the batch to `self.logs[self.active]` as one write and one fdatasync.
     pub(crate) fn append(&mut self, batch: &mut [Change]) -> io::Result<()> {
-        let log = &mut self.logs[self.active];
-        self.buffer.clear();
-        for change in batch.iter_mut() {
-            change.header.seq = self.next_seq;
-            self.next_seq += 1;
-            assert_in_chunk(&change.header);
+        self.append_records(batch.iter_mut().map(|change| {
             let data = if change.header.kind == Kind::Write {
                 &change.data[..]
             } else {
                 &[]
             };
-            change
-                .header
-                .encode(data, &mut self.buffer, log.position, log.aligned);
+            (&mut change.header, data)
+        }))
+    }
+
+    /// Appends records, numbering them, to `self.logs[self.active]` as one write and
+    /// one fdatasync; the caller moves the log's position past `self.buffer`.
+    pub(crate) fn append_records<'a>(
+        &mut self,
+        records: impl Iterator<Item = (&'a mut RecordHeader, &'a [u8])>,
+    ) -> io::Result<()> {
+        let log = &mut self.logs[self.active];
+        self.buffer.clear();
+        let mut seqs = None;
+        for (header, data) in records {
+            header.seq = self.next_seq;
+            self.next_seq += 1;
+            assert_in_chunk(header);
+            header.encode(data, &mut self.buffer, log.position, log.aligned);
+            let first = seqs.map_or(header.seq, |(first, _)| first);
+            seqs = Some((first, header.seq));
         }
         log.file.write_all_at(&self.buffer, log.position)?;
         log.file.sync_data()?;
-        if let (Some(first), Some(last)) = (batch.first(), batch.last()) {
-            log.appended(first.header.seq, last.header.seq);
+        if let Some((first, last)) = seqs {
+            log.appended(first, last);
         }
         Ok(())
     }
@@ -186,7 +199,7 @@ impl Committer {
     pub(crate) fn sync_dirty(&mut self) -> Result<(), StoreError> {
         for chunk in &self.dirty_files {
             if let Some(file) = self.files.get(*chunk, false)? {
-                file.sync_data()?;
+                file.sync()?;
             }
         }
         for dir in &self.dirty_dirs {
@@ -213,6 +226,11 @@ impl Committer {
 
     pub(crate) fn apply_meta(&self, header: &RecordHeader) {
         let chunk = header.chunk;
+        assert_ne!(
+            header.kind,
+            Kind::Intent,
+            "an intent changes no replica's state"
+        );
         let mut metas = self.files.metas.lock().unwrap();
         if header.kind == Kind::DeleteVolume {
             metas.retain(|c, _| c.volume_id != chunk.volume_id);
@@ -233,10 +251,11 @@ impl Committer {
         &mut self,
         header: &RecordHeader,
         data: &[u8],
+        merge: Merge,
     ) -> Result<(), StoreError> {
         let chunk = header.chunk;
         match header.kind {
-            Kind::Stamp => return Ok(()),
+            Kind::Stamp | Kind::Intent => return Ok(()),
             Kind::DeleteVolume => {
                 self.files.forget_volume(chunk.volume_id);
                 self.dirty_files.retain(|c| c.volume_id != chunk.volume_id);
@@ -260,12 +279,26 @@ impl Committer {
             self.dirty_dirs.extend(self.files.dirs_of(chunk));
         }
         self.dirty_files.insert(chunk);
+        let mut merge = merge;
         if let Some(journals) = &self.files.journals {
-            journals.copy_edges(&*file, chunk, header.offset, header.length)?;
+            journals.copy_edges(&self.files, &file, header.offset, header.length)?;
+            // Blocks with journaled data may be half copied by a replay cut short.
+            if !journals
+                .in_flux(chunk, header.offset, header.length)
+                .is_empty()
+            {
+                merge = Merge::Trust;
+            }
         }
-        match header.kind {
-            Kind::Write | Kind::Bypass => file.write_all_at(data, header.offset)?,
-            kind => file.zero_range(header.offset, header.length, kind == Kind::Punch)?,
+        let fill = match header.kind {
+            Kind::Write | Kind::Bypass => Fill::Data(data),
+            kind => Fill::Zero {
+                length: header.length,
+                punch: kind == Kind::Punch,
+            },
+        };
+        for offset in file.write(header.offset, fill, merge, false)? {
+            self.files.found_corrupt(chunk, offset, "chunk file");
         }
         Ok(())
     }

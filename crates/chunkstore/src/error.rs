@@ -1,6 +1,7 @@
 //! The store's error: plain values, cheap to clone to every change of a failed batch.
 
 use crate::layout::CHUNK_BYTES_MAX;
+use floe_protocol::ChunkId;
 use std::io;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -11,6 +12,12 @@ pub enum StoreError {
     NoSpace(String),
     #[error("disk error: {0}")]
     Io(String),
+    #[error("{place} of volume {} chunk {} fails its checksum in the 4 KiB block at {offset}", chunk.volume_id, chunk.index)]
+    Corrupt {
+        chunk: ChunkId,
+        offset: u64,
+        place: &'static str,
+    },
     #[error("store is shut down")]
     ShutDown,
 }

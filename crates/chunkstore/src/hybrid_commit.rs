@@ -2,6 +2,7 @@
 //! only; every other change goes to the chunk files first, durably, then its record
 //! to the journal. Journals nothing points into any more are reset here too.
 
+use crate::block_sums::Merge;
 use crate::chunk_files::Files;
 use crate::committer::{Change, Committer, Completions};
 use crate::error::{io_error, StoreError};
@@ -28,10 +29,15 @@ impl Committer {
             .max()
             .unwrap_or(1);
         let mut records = Vec::new();
+        let journals = files.journals.as_ref().expect("hybrid mode has journals");
         for (j, log) in logs.iter_mut().enumerate() {
-            log.scan(|header, data_at, _| {
+            log.scan(|header, data_at, data| {
                 if header.seq >= floor {
                     records.push((*header, j, data_at));
+                    if header.kind == Kind::Write {
+                        // The record's checksum just verified the data.
+                        journals.note_sums(j, data_at, data);
+                    }
                 }
                 Ok(())
             })?;
@@ -48,6 +54,7 @@ impl Committer {
         for (header, j, data_at) in &records {
             log.record_effects(header, *j, *data_at)?;
         }
+        log.rehash_cut_short(&records)?;
         if !records.is_empty() {
             tracing::info!(
                 records = records.len(),
@@ -65,6 +72,55 @@ impl Committer {
         }
         log.reclaim()?;
         Ok(log)
+    }
+
+    /// The chunk-file changes of the batch a crash cut short (its intents are newer
+    /// than every other record) may have left data and checksums out of step:
+    /// rehashed from the data, durably, before anything reads them.
+    fn rehash_cut_short(
+        &mut self,
+        records: &[(RecordHeader, usize, u64)],
+    ) -> Result<(), StoreError> {
+        let newest = records
+            .iter()
+            .filter(|(h, ..)| h.kind != Kind::Intent)
+            .map(|(h, ..)| h.seq)
+            .max()
+            .unwrap_or(0);
+        let cut_short: Vec<&RecordHeader> = records
+            .iter()
+            .map(|(h, ..)| h)
+            .filter(|h| h.kind == Kind::Intent && h.seq > newest)
+            .collect();
+        for header in &cut_short {
+            self.rehash(header);
+        }
+        if !cut_short.is_empty() {
+            tracing::info!(
+                changes = cut_short.len(),
+                "rehashed the chunk-file changes a stop cut short"
+            );
+        }
+        self.sync_dirty()
+    }
+
+    /// Makes the checksums of an intent's range those of the data there.
+    fn rehash(&mut self, intent: &RecordHeader) {
+        let rehashed = self
+            .files
+            .get(intent.chunk, false)
+            .and_then(|file| match file {
+                Some(file) => file.rehash(intent.offset, intent.length),
+                None => Ok(()),
+            });
+        match rehashed {
+            Ok(()) => {
+                self.dirty_files.insert(intent.chunk);
+            }
+            // Left out of step, the blocks read as corrupt here and are healed from
+            // other replicas.
+            Err(e) => tracing::error!(chunk = ?intent.chunk, "rehashing a change failed: {e}"),
+        }
     }
 
     /// The journal a batch of `bytes` goes to: the active ssd journal if it fits, else
@@ -93,8 +149,9 @@ impl Committer {
                 && h.offset.is_multiple_of(SECTOR_BYTES)
                 && h.length.is_multiple_of(SECTOR_BYTES)
         };
-        // Upper bounds: a header and its padding per record, plus the data.
-        let headers = (batch.len() as u64) * (RECORD_HEADER_BYTES as u64 + SECTOR_BYTES);
+        // Upper bounds: a header and its padding per record, an intent per record,
+        // plus the data.
+        let headers = (batch.len() as u64) * (2 * RECORD_HEADER_BYTES as u64 + SECTOR_BYTES);
         let data: u64 = batch
             .iter()
             .filter(|c| journaled(&c.header))
@@ -121,6 +178,27 @@ impl Committer {
             }
         }
         bypass_under_later_edges(batch);
+        let mut intents: Vec<RecordHeader> = batch
+            .iter()
+            .filter(|c| matches!(c.header.kind, Kind::Bypass | Kind::Zero | Kind::Punch))
+            .map(|c| RecordHeader {
+                kind: Kind::Intent,
+                view: 0,
+                version: 0,
+                ..c.header
+            })
+            .collect();
+        if !intents.is_empty() {
+            if let Err(e) = self.append_records(intents.iter_mut().map(|h| (h, &[][..]))) {
+                let message = format!("journal append failed: {e}");
+                tracing::error!("{message}");
+                return Committer::fail_all(batch, io_error(&e, message));
+            }
+            let log = &mut self.logs[target];
+            log.position += self.buffer.len() as u64;
+            let used = log.position - wal::HEADER_BYTES;
+            self.journals().set_used(target, used);
+        }
         let files = self.files.clone();
         let journals = files.journals.as_ref().expect("hybrid mode has journals");
         let _writes = journals.chunk_writes.lock().unwrap();
@@ -134,12 +212,17 @@ impl Committer {
             .iter()
             .filter(|c| !matches!(c.header.kind, Kind::Write | Kind::Stamp))
             .try_for_each(|c| {
-                self.apply_file(&c.header, &c.data)?;
+                self.apply_file(&c.header, &c.data, Merge::Check)?;
                 drop_superseded(journals, &c.header)
             })
             .and_then(|()| self.sync_dirty());
         if let Err(e) = applied {
             tracing::error!("applying changes to chunk files failed: {e}");
+            // A change may have stopped between data and checksums; later batches
+            // make its intent look finished, so it is put in step now.
+            for intent in &intents {
+                self.rehash(intent);
+            }
             return Committer::fail_all(batch, e);
         }
         let start = self.logs[target].position;
@@ -159,6 +242,9 @@ impl Committer {
             .map(|change| {
                 let data_at = change.header.data_at(at, true);
                 at = data_at + change.header.data_len() as u64;
+                if change.header.kind == Kind::Write {
+                    journals.note_sums(target, data_at, &change.data);
+                }
                 let result = self.record_effects(&change.header, target, data_at);
                 (change.done, result)
             })
@@ -173,6 +259,9 @@ impl Committer {
         journal: usize,
         data_at: u64,
     ) -> Result<(), StoreError> {
+        if header.kind == Kind::Intent {
+            return Ok(());
+        }
         self.apply_meta(header);
         let journals = self.journals();
         match header.kind {
@@ -202,6 +291,7 @@ impl Committer {
             assert!(!live[j], "journal {j} reset while the index points into it");
             self.logs[j].reset(start_seq)?;
             self.journals().set_used(j, 0);
+            self.journals().forget_sums(j);
         }
         Ok(())
     }
@@ -217,7 +307,7 @@ fn drop_superseded(journals: &Journals, header: &RecordHeader) -> Result<(), Sto
             journals.drop_volume(header.chunk.volume_id);
             Ok(())
         }
-        Kind::Write | Kind::Stamp => Ok(()),
+        Kind::Write | Kind::Stamp | Kind::Intent => Ok(()),
     }
 }
 
@@ -242,7 +332,7 @@ fn bypass_under_later_edges(batch: &mut [Change]) {
                     header.kind = Kind::Bypass;
                 }
             }
-            Kind::Stamp | Kind::DeleteVolume => continue,
+            Kind::Stamp | Kind::DeleteVolume | Kind::Intent => continue,
             Kind::Bypass | Kind::Zero | Kind::Punch => {}
         }
         if header.kind != Kind::Write {

@@ -24,7 +24,9 @@
 //!
 //! The commit is in [`crate::hybrid_commit`], the replay worker in [`crate::replay`].
 
-use crate::disk::{self, Disk, DiskFile, FileRef};
+use crate::block_sums::{ChunkFile, Fill, Merge, BLOCK_BYTES};
+use crate::chunk_files::Files;
+use crate::disk::{self, Disk, FileRef};
 use crate::error::StoreError;
 use crate::journal_index::{JournalIndex, Piece};
 use crate::layout::{self, CHUNK_BYTES_MAX};
@@ -70,6 +72,11 @@ pub(crate) struct Journals {
     pub(crate) replayed: AtomicBool,
     /// Where the next replay sweep starts, a position on the disk.
     pub(crate) replay_cursor: Mutex<u64>,
+    /// The crc32c of every sector written to each journal since its reset, by
+    /// position (0: none): what a read or a replay checks journal data against, as a
+    /// record's own checksum covers the whole record and they take pieces of it.
+    /// Filled at commit and by the scan at open; 4 bytes of memory per 512 in use.
+    sector_sums: Vec<Mutex<Vec<u32>>>,
 }
 
 fn sectors(offset: u64, length: u64) -> (u64, u64) {
@@ -133,8 +140,51 @@ impl Journals {
             chunk_writes: Mutex::new(()),
             replayed: AtomicBool::new(false),
             replay_cursor: Mutex::new(0),
+            sector_sums: logs.iter().map(|_| Mutex::default()).collect(),
         };
         Ok((journals, logs))
+    }
+
+    /// Notes the checksums of `data`, written at byte `at` (a sector boundary) of
+    /// journal `journal`.
+    pub(crate) fn note_sums(&self, journal: usize, at: u64, data: &[u8]) {
+        assert!(
+            at.is_multiple_of(SECTOR_BYTES) && (data.len() as u64).is_multiple_of(SECTOR_BYTES),
+            "journal data is whole sectors"
+        );
+        let first = (at / SECTOR_BYTES) as usize;
+        let mut sums = self.sector_sums[journal].lock().unwrap();
+        let end = first + data.len() / SECTOR_BYTES as usize;
+        if sums.len() < end {
+            sums.resize(end, 0);
+        }
+        for (sum, sector) in sums[first..end]
+            .iter_mut()
+            .zip(data.chunks_exact(SECTOR_BYTES as usize))
+        {
+            *sum = crc32c::crc32c(sector).max(1);
+        }
+    }
+
+    /// The sectors of `data` (read from index position `position` on) that fail their
+    /// checksums, as indexes into `data`'s sectors.
+    pub(crate) fn bad_sectors(&self, position: u64, data: &[u8]) -> Vec<u64> {
+        let (j, at) = locate(position);
+        let first = (at / SECTOR_BYTES) as usize;
+        let sums = self.sector_sums[j].lock().unwrap();
+        data.chunks_exact(SECTOR_BYTES as usize)
+            .enumerate()
+            .filter(|&(i, sector)| {
+                let sum = sums.get(first + i).copied().unwrap_or(0);
+                sum != 0 && sum != crc32c::crc32c(sector).max(1)
+            })
+            .map(|(i, _)| i as u64)
+            .collect()
+    }
+
+    /// A journal was reset: nothing reads its old positions again.
+    pub(crate) fn forget_sums(&self, journal: usize) {
+        *self.sector_sums[journal].lock().unwrap() = Vec::new();
     }
 
     pub(crate) fn set_used(&self, journal: usize, bytes: u64) {
@@ -203,11 +253,12 @@ impl Journals {
     /// erasing those whole sectors from the index afterwards loses nothing.
     pub(crate) fn copy_edges(
         &self,
-        file: &dyn DiskFile,
-        chunk: ChunkId,
+        files: &Files,
+        file: &ChunkFile,
         offset: u64,
         length: u64,
     ) -> Result<(), StoreError> {
+        let chunk = file.chunk;
         let end = offset + length;
         let first = (!offset.is_multiple_of(SECTOR_BYTES)).then_some(offset / SECTOR_BYTES);
         let last = (!end.is_multiple_of(SECTOR_BYTES)).then_some(end / SECTOR_BYTES);
@@ -223,7 +274,15 @@ impl Journals {
             {
                 let (j, at) = locate(journal);
                 disk::read_at(&*self.files[j], &mut sector, at)?;
-                file.write_all_at(&sector, edge * SECTOR_BYTES)?;
+                let poison = !self.bad_sectors(journal, &sector).is_empty();
+                let at = edge * SECTOR_BYTES;
+                if poison {
+                    files.found_corrupt(chunk, at - at % BLOCK_BYTES, "journal");
+                }
+                // The block is in flux (it has journaled data): trusted.
+                for bad in file.write(at, Fill::Data(&sector), Merge::Trust, poison)? {
+                    files.found_corrupt(chunk, bad, "chunk file");
+                }
             }
         }
         Ok(())
@@ -260,14 +319,47 @@ impl Journals {
             match journal {
                 Some(journal) => {
                     let (j, at) = locate(journal);
-                    let skip = from - sector * SECTOR_BYTES;
+                    let mut sectors = vec![0u8; (len * SECTOR_BYTES) as usize];
+                    disk::read_at(&*self.files[j], &mut sectors, at)?;
+                    if let Some(&bad) = self.bad_sectors(journal, &sectors).first() {
+                        let at = (sector + bad) * SECTOR_BYTES;
+                        return Err(StoreError::Corrupt {
+                            chunk,
+                            offset: at - at % BLOCK_BYTES,
+                            place: "journal",
+                        });
+                    }
+                    let skip = (from - sector * SECTOR_BYTES) as usize;
                     let range = (from - offset) as usize..(to - offset) as usize;
-                    disk::read_at(&*self.files[j], &mut out[range], at + skip)?;
+                    out[range.clone()].copy_from_slice(&sectors[skip..skip + range.len()]);
                 }
                 None => holes.push((from, to - from)),
             }
         }
         Ok(holes)
+    }
+
+    /// Byte ranges held in the journals within the blocks `[offset, offset + length)`
+    /// touches: blocks whose chunk-file copy a replay may be rewriting.
+    pub(crate) fn in_flux(&self, chunk: ChunkId, offset: u64, length: u64) -> Vec<(u64, u64)> {
+        let start = offset - offset % BLOCK_BYTES;
+        let end = (offset + length).next_multiple_of(BLOCK_BYTES);
+        let index = self.index.lock().unwrap();
+        let Some(entry) = index.get(&chunk) else {
+            return Vec::new();
+        };
+        let (first, count) = sectors(start, end - start);
+        entry
+            .query(first, count)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| match p {
+                Piece::Journal { offset, len, .. } => {
+                    Some((offset * SECTOR_BYTES, len * SECTOR_BYTES))
+                }
+                Piece::Hole { .. } => None,
+            })
+            .collect()
     }
 
     /// Byte ranges of the chunk held in the journals.

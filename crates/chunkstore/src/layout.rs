@@ -25,6 +25,12 @@ pub(crate) fn chunk_path(dir: &Path, chunk: ChunkId) -> PathBuf {
     volume_dir(dir, chunk.volume_id).join(format!("{:016x}", chunk.index))
 }
 
+/// The block checksums of a chunk's file (see [`crate::block_sums`]); not a chunk
+/// itself, its name is not a number.
+pub(crate) fn sums_path(dir: &Path, chunk: ChunkId) -> PathBuf {
+    chunk_path(dir, chunk).with_extension("sums")
+}
+
 /// The chunk whose file `path` is in data directory `dir`.
 pub(crate) fn chunk_of(dir: &Path, path: &Path) -> Option<ChunkId> {
     let mut names = path.strip_prefix(chunks_dir(dir)).ok()?.iter();
@@ -57,5 +63,6 @@ mod tests {
         assert_eq!(chunk_of(dir, &chunk_path(dir, chunk)), Some(chunk));
         assert_eq!(chunk_of(dir, &volume_dir(dir, 0xab)), None);
         assert_eq!(chunk_of(dir, &dir.join(WAL)), None);
+        assert_eq!(chunk_of(dir, &sums_path(dir, chunk)), None);
     }
 }

@@ -12,6 +12,8 @@
 //!   log is what makes a write durable and atomic. [`log_file`]: one log file.
 //! - [`meta`]: each replica's view and version as of the last checkpoint.
 //! - [`chunk_files`]: open chunk files and the replicas' durable state.
+//! - [`block_sums`]: a crc32c per 4 KiB block of every chunk file, checked on every
+//!   read (journal data is checked per sector: [`journal`]).
 //! - [`disk`]: the file system under all of it: [`RealDisk`], the emulated hdd
 //!   ([`disk::hdd`]) and [`SimDisk`], an in-memory disk that loses unsynced writes at
 //!   a simulated power cut.
@@ -27,11 +29,13 @@
 //! meta                     each replica's view and version at the last checkpoint
 //! journal                  hybrid mode: the hdd's own journal
 //! chunks/VOLUME/INDEX      one sparse file per chunk replica (hex ids)
+//! chunks/VOLUME/INDEX.sums its blocks' checksums
 //! ```
 //! Crash safety: a write is acknowledged only after its record is durable in the log.
 //! After a crash, replay re-applies every record from the last checkpoint up to the
 //! first torn or missing one, so an acknowledged write is always whole and an
 //! unacknowledged one is either whole or absent.
+pub mod block_sums;
 mod chunk_files;
 mod committer;
 pub mod disk;

@@ -2,6 +2,7 @@
 //! applied to the chunk files at commit; a checkpoint makes the chunk files durable
 //! and restarts the log.
 
+use crate::block_sums::Merge;
 use crate::chunk_files::Files;
 use crate::committer::{Change, Committer, Completions};
 use crate::error::{io_error, StoreError};
@@ -24,9 +25,11 @@ impl Committer {
         let mut log = Committer::new(Vec::new(), files);
         log.adopt_unsynced_dirs()?;
         let mut replayed = 0;
+        // Chunk files may hold data and checksums out of step since the last
+        // checkpoint; replaying every change since restores both.
         file.scan(|header, _, data| {
             replayed += 1;
-            log.apply(header, data)
+            log.apply(header, data, Merge::Trust)
         })?;
         log.next_seq = file.next_seq();
         log.skip_unsynced_seqs();
@@ -60,7 +63,7 @@ impl Committer {
         batch
             .drain(..)
             .map(|change| {
-                let result = self.apply(&change.header, &change.data);
+                let result = self.apply(&change.header, &change.data, Merge::Check);
                 if let Err(e) = &result {
                     tracing::error!(chunk = ?change.header.chunk, "applying a logged change failed: {e}");
                 }
@@ -70,9 +73,14 @@ impl Committer {
     }
 
     /// A record's effect on the replica's state and its chunk file.
-    fn apply(&mut self, header: &RecordHeader, data: &[u8]) -> Result<(), StoreError> {
+    fn apply(
+        &mut self,
+        header: &RecordHeader,
+        data: &[u8],
+        merge: Merge,
+    ) -> Result<(), StoreError> {
         self.apply_meta(header);
-        self.apply_file(header, data)
+        self.apply_file(header, data, merge)
     }
 
     /// Makes chunk files durable, then restarts the log after everything applied.

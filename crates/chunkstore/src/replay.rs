@@ -3,6 +3,7 @@
 //! that still point where it copied from. One thread per store (so per hdd), or, for
 //! a simulation that decides when replay happens, [`crate::Store::replay_sweep`].
 
+use crate::block_sums::{Fill, Merge, BLOCK_BYTES};
 use crate::chunk_files::Files;
 use crate::committer::Queue;
 use crate::disk;
@@ -146,6 +147,13 @@ fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
             let (j, at) = locate(now);
             data.resize((len * SECTOR_BYTES) as usize, 0);
             disk::read_at(&*journals.files[j], &mut data, at)?;
+            // Journal data that fails its checksum still goes to the file (so the
+            // journal can be freed), with its blocks marked corrupt until repaired.
+            let bad = journals.bad_sectors(now, &data);
+            for sector in &bad {
+                let at = (offset + sector) * SECTOR_BYTES;
+                files.found_corrupt(chunk, at - at % BLOCK_BYTES, "journal");
+            }
             let file = match files.get(chunk, false)? {
                 Some(file) => file,
                 None => {
@@ -155,7 +163,16 @@ fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
                         .expect("get with create returns a file")
                 }
             };
-            file.write_all_at(&data, offset * SECTOR_BYTES)?;
+            // The blocks are in flux until the index drops these pieces: trusted.
+            let poison = !bad.is_empty();
+            for at in file.write(
+                offset * SECTOR_BYTES,
+                Fill::Data(&data),
+                Merge::Trust,
+                poison,
+            )? {
+                files.found_corrupt(chunk, at, "chunk file");
+            }
             touched.insert(chunk);
             copied.push((chunk, offset, len, now));
         }
@@ -169,7 +186,7 @@ fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
     let mut dirs = BTreeSet::new();
     for chunk in &touched {
         if let Some(file) = files.get(*chunk, false)? {
-            file.sync_data()?;
+            file.sync()?;
         }
     }
     // Only a file this sweep created added directory entries.

@@ -1,6 +1,7 @@
 //! The chunk store: group-committed write-ahead log + sparse chunk files, and in
 //! hybrid mode ssd journals in front of an hdd's chunk files (see [`crate::journal`]).
 
+use crate::block_sums::BLOCK_BYTES;
 use crate::chunk_files::Files;
 use crate::committer::{Change, Committer, Queue};
 use crate::disk::hdd::{self, Hdd, HddDisk};
@@ -262,27 +263,49 @@ impl Store {
             });
         }
         let mut out = BytesMut::zeroed(length as usize);
-        let holes = match &self.files.journals {
-            Some(journals) => journals.read(chunk, offset, &mut out)?,
-            None => vec![(offset, length as u64)],
-        };
-        if let Some(file) = self.files.get(chunk, false)? {
-            for (at, len) in holes {
-                let from = (at - offset) as usize;
-                disk::read_at(&*file, &mut out[from..from + len as usize], at)?;
-            }
+        let read = self.read_into(chunk, offset, &mut out);
+        if let Err(StoreError::Corrupt {
+            chunk,
+            offset,
+            place,
+        }) = &read
+        {
+            self.files.found_corrupt(*chunk, *offset, place);
         }
         if let Some(at) = hdd::take_paced_until() {
             tokio::time::sleep_until(at.into()).await;
         }
-        Ok(out.freeze())
+        read.map(|()| out.freeze())
+    }
+
+    fn read_into(&self, chunk: ChunkId, offset: u64, out: &mut [u8]) -> Result<(), StoreError> {
+        let (holes, in_flux) = match &self.files.journals {
+            Some(journals) => (
+                journals.read(chunk, offset, out)?,
+                journals.in_flux(chunk, offset, out.len() as u64),
+            ),
+            None => (vec![(offset, out.len() as u64)], Vec::new()),
+        };
+        // A block with journaled data may be half copied by a replay cut short.
+        let unchecked = |block: u64| {
+            in_flux
+                .iter()
+                .any(|&(at, len)| at < block + BLOCK_BYTES && block < at + len)
+        };
+        if let Some(file) = self.files.get(chunk, false)? {
+            for (at, len) in holes {
+                let from = (at - offset) as usize;
+                file.read(&mut out[from..from + len as usize], at, &unchecked)?;
+            }
+        }
+        Ok(())
     }
 
     /// The ranges of the chunk that hold data, as (offset, length), sorted and
     /// disjoint; the rest are holes. Journaled ranges count as data.
     pub fn extents(&self, chunk: ChunkId) -> Result<Vec<(u64, u64)>, StoreError> {
         let mut out = match self.files.get(chunk, false)? {
-            Some(file) => file.extents()?,
+            Some(file) => file.data.extents()?,
             None => Vec::new(),
         };
         if let Some(journals) = &self.files.journals {
@@ -301,17 +324,55 @@ impl Store {
     }
 
     /// crc32c of the chunk's first `length` bytes, holes and the part past the end of
-    /// the file read as zeroes.
-    pub async fn checksum(&self, chunk: ChunkId, length: u64) -> Result<u32, StoreError> {
+    /// the file read as zeroes, and the offsets of the blocks that fail their
+    /// checksums (read as zeroes for the crc).
+    pub async fn checksum(
+        &self,
+        chunk: ChunkId,
+        length: u64,
+    ) -> Result<(u32, Vec<u64>), StoreError> {
         check_range(0, length)?;
+        const PIECE_BYTES: u64 = 4 << 20;
         let mut crc = 0;
+        let mut bad = Vec::new();
         let mut at = 0;
         while at < length {
-            let n = (length - at).min(READ_BYTES_MAX as u64 / 8) as u32;
-            crc = crc32c::crc32c_append(crc, &self.read(chunk, at, n).await?);
+            let n = (length - at).min(PIECE_BYTES) as u32;
+            match self.read(chunk, at, n).await {
+                Ok(data) => crc = crc32c::crc32c_append(crc, &data),
+                // Block by block, to name every bad one.
+                Err(StoreError::Corrupt { .. }) => {
+                    let end = at + n as u64;
+                    let mut block = at;
+                    while block < end {
+                        let len = (end - block).min(BLOCK_BYTES) as u32;
+                        let data = match self.read(chunk, block, len).await {
+                            Err(StoreError::Corrupt { .. }) => {
+                                bad.push(block);
+                                Bytes::from(vec![0; len as usize])
+                            }
+                            other => other?,
+                        };
+                        crc = crc32c::crc32c_append(crc, &data);
+                        block += len as u64;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
             at += n as u64;
         }
-        Ok(crc)
+        Ok((crc, bad))
+    }
+
+    /// Blocks found failing their checksums since the last call (chunk, offset), by
+    /// reads, writes over them, replay and [`Store::checksum`]; each was logged.
+    pub fn take_corrupt(&self) -> Vec<(ChunkId, u64)> {
+        self.files.take_corrupt()
+    }
+
+    /// Blocks found failing their checksums since the store opened.
+    pub fn corrupt_found(&self) -> u64 {
+        self.files.corrupt_found()
     }
 
     /// Bytes in use in the ssd journals and the sum of their quotas, what the master
@@ -329,14 +390,19 @@ impl Store {
         self.files.journals.as_ref().map_or(0, Journals::backlog)
     }
 
-    /// Bytes of chunk data on disk (allocated blocks).
+    /// Bytes of chunk data and their checksums on disk (allocated blocks).
     pub fn used_bytes(&self) -> u64 {
         let disk = &self.files.disk;
         self.chunks()
             .into_iter()
             .map(|chunk| {
-                let path = layout::chunk_path(&self.files.dir, chunk);
-                disk.allocated_bytes(&path).unwrap_or(0)
+                [
+                    layout::chunk_path(&self.files.dir, chunk),
+                    layout::sums_path(&self.files.dir, chunk),
+                ]
+                .iter()
+                .map(|path| disk.allocated_bytes(path).unwrap_or(0))
+                .sum::<u64>()
             })
             .sum()
     }

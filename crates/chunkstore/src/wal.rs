@@ -50,6 +50,11 @@ pub enum Kind {
     /// A write whose data went straight to the chunk file (durably, before this
     /// record): the record carries no data; it supersedes older journaled data.
     Bypass = 6,
+    /// Hybrid mode, before a batch's chunk-file changes: the range one is about to
+    /// change (no data, no state). The scan after a crash rehashes the ranges of the
+    /// intents newer than every other record, the batch it cut short (see
+    /// [`crate::block_sums`]).
+    Intent = 7,
 }
 
 impl Kind {
@@ -61,6 +66,7 @@ impl Kind {
             4 => Kind::DeleteVolume,
             5 => Kind::Stamp,
             6 => Kind::Bypass,
+            7 => Kind::Intent,
             _ => return None,
         })
     }

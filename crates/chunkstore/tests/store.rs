@@ -124,6 +124,7 @@ async fn extents_and_checksums_see_data_not_holes() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     let empty = store.checksum(CHUNK, 1 << 20).await.unwrap();
+    assert!(empty.1.is_empty(), "no block fails");
     assert!(store.extents(CHUNK).unwrap().is_empty());
     store
         .write(CHUNK, 512 << 10, Bytes::from(vec![1; 4096]), version(1))

@@ -84,6 +84,13 @@ enum Command {
         /// cluster keeps the mode its map was created with.
         #[arg(long, default_value = "mapx")]
         placement: PlacementMode,
+        /// Time between background scrubs of every volume, e.g. 7d, 12h (0: off).
+        /// Blocks a read finds corrupt are healed at once regardless.
+        #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+        scrub_interval: std::time::Duration,
+        /// Read rate of a background scrub over all replicas, e.g. 50M (0: unlimited).
+        #[arg(long, default_value = "50M", value_parser = size::parse)]
+        scrub_rate: u64,
     },
     /// Run a chunk server on one data directory (`floe chunkserver --dir ...`), or
     /// administer one (`floe chunkserver mark-lost ID`).
@@ -321,6 +328,8 @@ async fn execute(cli: Cli) -> Result<(), String> {
             move_concurrency,
             move_rate,
             placement,
+            scrub_interval,
+            scrub_rate,
         } => {
             let settings = floe_master::Settings {
                 recovery: floe_master::recovery::Limits {
@@ -332,6 +341,10 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     bytes_per_second: move_rate,
                 },
                 placement,
+                scrub: floe_master::recovery::ScrubSettings {
+                    interval: (!scrub_interval.is_zero()).then_some(scrub_interval),
+                    bytes_per_second: scrub_rate,
+                },
             };
             floe_master::run(bind(&listen).await?, &metadata, settings).await
         }

@@ -574,6 +574,9 @@ impl ChunkIo for ReplicatedChunks {
             let good = self.replicas(index).expect("allocated").good;
             let min_version = self.chunks.lock().unwrap()[&index].committed;
             let mut last_error = None;
+            // Replicas whose copy of the range fails its checksums: the read goes on
+            // to the next; their servers report the blocks, and the master heals them.
+            let mut corrupt = 0;
             for (id, address) in &good {
                 let request = Request::Read {
                     chunk,
@@ -592,6 +595,18 @@ impl ChunkIo for ReplicatedChunks {
                             "{address} answered a read with {other:?}"
                         )))
                     }
+                    Err(CallError::Remote {
+                        status: Status::Corrupt,
+                        message,
+                    }) => {
+                        tracing::warn!(
+                            chunk = index,
+                            address,
+                            "{message}; reading another replica"
+                        );
+                        corrupt += 1;
+                        last_error = Some(IoError::Io(message));
+                    }
                     Err(e) => {
                         if is_transport(&e) {
                             self.suspects.lock().unwrap().insert(*id, Instant::now());
@@ -599,6 +614,14 @@ impl ChunkIo for ReplicatedChunks {
                         last_error = Some(io_error(e));
                     }
                 }
+            }
+            if corrupt > 0 && corrupt == good.len() {
+                // No good copy anywhere: waiting would not bring one back.
+                return Err(IoError::Io(format!(
+                    "chunk {index}: every replica's copy of {offset}+{length} fails its \
+                     checksums (see `floe scrub`): {}",
+                    last_error.map_or_else(String::new, |e| e.to_string())
+                )));
             }
             if Instant::now() > deadline {
                 return Err(last_error

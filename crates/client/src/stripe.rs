@@ -254,6 +254,24 @@ mod tests {
     };
 
     #[test]
+    fn the_master_maps_chunk_bytes_back_to_the_volume() {
+        let spec = VolumeSpec {
+            name: "v".into(),
+            size_bytes: 1 << 30,
+            replicas: 3,
+            chunk_bytes: 1 << 20,
+            stripe_unit_bytes: 64 << 10,
+            stripe_count: 4,
+            mode: Default::default(),
+        };
+        let layout = Layout::of(&spec);
+        for offset in (0..64 << 20).step_by(4096 * 7 + 512) {
+            let (chunk, within, _) = layout.locate(offset);
+            assert_eq!(spec.volume_offset(chunk, within), offset);
+        }
+    }
+
+    #[test]
     fn locate_is_a_bijection_onto_chunk_space() {
         let units = 3 * 2 * (LAYOUT.chunk / LAYOUT.unit); // two object sets
         let mut seen = HashSet::new();

@@ -49,6 +49,8 @@ pub struct Settings {
     pub moves: recovery::Limits,
     /// For a new cluster; an existing one keeps the mode its map has.
     pub placement: PlacementMode,
+    /// The background scrub.
+    pub scrub: recovery::ScrubSettings,
 }
 
 impl Default for Settings {
@@ -57,6 +59,7 @@ impl Default for Settings {
             recovery: recovery::Limits::default(),
             moves: recovery::Limits::MOVES,
             placement: PlacementMode::default(),
+            scrub: recovery::ScrubSettings::default(),
         }
     }
 }
@@ -77,6 +80,8 @@ pub struct Master {
     peers: ConnectionPool,
     recovery: recovery::Progress,
     moves: recovery::Progress,
+    /// Blocks found failing their checksums, and the background scrub.
+    integrity: recovery::Integrity,
 }
 
 pub(crate) type Failure = (Status, String);
@@ -99,6 +104,7 @@ impl Master {
             peers,
             recovery: recovery::Progress::new(settings.recovery),
             moves: recovery::Progress::new(settings.moves),
+            integrity: recovery::Integrity::new(settings.scrub),
         };
         // Chunks allocated before the cluster map existed belong to its first layer.
         if has_chunks {
@@ -147,12 +153,14 @@ impl Master {
                 used_bytes,
                 journal_used_bytes,
                 journal_quota_bytes,
+                corrupt_blocks,
             } => {
                 let journal = JournalUsage {
                     used_bytes: journal_used_bytes,
                     quota_bytes: journal_quota_bytes,
                 };
-                self.heartbeat(id, used_bytes, journal)
+                self.report_corrupt(id, &corrupt_blocks);
+                self.heartbeat(id, used_bytes, journal, corrupt_blocks.len() as u64)
             }
             R::MarkLost { id } => self.mark_lost(id).await,
             R::CreateVolume(spec) => self.create_volume(spec).await,
@@ -188,9 +196,11 @@ impl Master {
             | R::ShrinkLayer { .. }
             | R::MergeLayers { .. }) => self.map_request(request).await,
             R::Status => self.status(),
-            R::Scrub { name } => recovery::scrub(self, &name)
-                .await
-                .map(MasterResponse::Scrub),
+            R::Scrub { name } => {
+                let report = recovery::scrub(self, &name).await?;
+                self.integrity.record(&report, &name);
+                Ok(MasterResponse::Scrub(report))
+            }
         }
     }
 }
@@ -223,6 +233,8 @@ pub async fn start(
 ) -> Result<Arc<Master>, String> {
     let master = Arc::new(Master::load(store, settings, peers).await?);
     tokio::spawn(recovery::run(master.clone()));
+    tokio::spawn(recovery::heal_reported(master.clone()));
+    tokio::spawn(recovery::background_scrub(master.clone()));
     Ok(master)
 }
 

@@ -98,6 +98,7 @@ impl Master {
                         capacity_bytes,
                         used_bytes: 0,
                         up: true,
+                        corrupt_blocks: 0,
                         lost: false,
                     };
                     let mut ops = vec![put(server_key(id), &server)];
@@ -124,13 +125,22 @@ impl Master {
         Ok(MasterResponse::Registered { id })
     }
 
-    pub(crate) fn heartbeat(&self, id: ServerId, used_bytes: u64, journal: JournalUsage) -> Reply {
+    /// `corrupt_blocks`: blocks the server found failing their checksums since its
+    /// last heartbeat.
+    pub(crate) fn heartbeat(
+        &self,
+        id: ServerId,
+        used_bytes: u64,
+        journal: JournalUsage,
+        corrupt_blocks: u64,
+    ) -> Reply {
         let mut state = self.state();
         let server = state
             .servers
             .get_mut(&id)
             .ok_or_else(|| not_registered(id))?;
         server.used_bytes = used_bytes;
+        server.corrupt_blocks += corrupt_blocks;
         server.up = true;
         state.last_heartbeat.insert(id, Instant::now());
         state.journals.insert(id, journal);

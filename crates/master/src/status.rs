@@ -12,6 +12,7 @@ impl Master {
             recovery: self.recovery.status(&state),
             rebalance: recovery::rebalance_status(self, &state),
             qos: state.qos_status(),
+            scrub: self.integrity.status(),
         })))
     }
 }

@@ -84,6 +84,7 @@ fn heartbeat(id: u32) -> MasterRequest {
         used_bytes: 0,
         journal_used_bytes: 0,
         journal_quota_bytes: 0,
+        corrupt_blocks: Vec::new(),
     }
 }
 

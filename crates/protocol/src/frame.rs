@@ -37,6 +37,8 @@ pub enum Status {
     Behind = 10,
     /// The volume is in use: another gateway holds its lease.
     Busy = 11,
+    /// The data asked for fails its checksum here: read another replica.
+    Corrupt = 12,
 }
 
 impl Status {
@@ -53,6 +55,7 @@ impl Status {
             9 => Status::StaleView,
             10 => Status::Behind,
             11 => Status::Busy,
+            12 => Status::Corrupt,
             _ => Status::Io,
         }
     }

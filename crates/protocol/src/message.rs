@@ -102,6 +102,10 @@ pub enum MasterRequest {
         journal_used_bytes: u64,
         #[serde(default)]
         journal_quota_bytes: u64,
+        /// Blocks found failing their checksums since the last heartbeat: the
+        /// master heals them from good replicas.
+        #[serde(default)]
+        corrupt_blocks: Vec<(ChunkId, u64)>,
     },
     CreateVolume(VolumeSpec),
     ListVolumes,
@@ -220,8 +224,17 @@ pub enum ReplicaRequest {
         kind: RepairKind,
         bytes_per_second: u64,
     },
-    /// crc32c of the replica's first `length` bytes, with its version.
+    /// crc32c of the replica's first `length` bytes, with its version and the blocks
+    /// that fail their own checksums.
     Checksum { chunk: ChunkId, length: u64 },
+    /// Rewrites blocks of this replica that fail their checksums, each from the first
+    /// of its sources whose copy checks, while the replica and they stay at `version`.
+    Heal {
+        chunk: ChunkId,
+        version: u64,
+        /// (offset of a 4 KiB block, addresses of replicas holding it good)
+        blocks: Vec<(u64, Vec<String>)>,
+    },
     /// The replica moved elsewhere in `view`: free its data, unless it has joined a
     /// later view since.
     DropChunk { chunk: ChunkId, view: u64 },
@@ -255,6 +268,7 @@ impl ReplicaRequest {
             | ReplicaRequest::Extents { chunk }
             | ReplicaRequest::Repair { chunk, .. }
             | ReplicaRequest::Checksum { chunk, .. }
+            | ReplicaRequest::Heal { chunk, .. }
             | ReplicaRequest::DropChunk { chunk, .. } => *chunk,
         }
     }
@@ -329,6 +343,14 @@ pub enum ReplicaResponse {
     Checksum {
         version: u64,
         crc: u32,
+        /// Offsets of the blocks that fail their own checksums (read as zeroes for
+        /// `crc`).
+        #[serde(default)]
+        bad: Vec<u64>,
+    },
+    /// Blocks rewritten by a heal.
+    Healed {
+        blocks: u64,
     },
 }
 
@@ -705,7 +727,11 @@ mod tests {
             (KIND_MASTER, Response::Master(MasterResponse::Done)),
             (
                 KIND_REPLICA,
-                Response::Replica(ReplicaResponse::Checksum { version: 5, crc: 6 }),
+                Response::Replica(ReplicaResponse::Checksum {
+                    version: 5,
+                    crc: 6,
+                    bad: vec![4096],
+                }),
             ),
             (KIND_REPLICA, Response::Replica(ReplicaResponse::Done)),
         ];

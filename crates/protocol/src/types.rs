@@ -63,6 +63,9 @@ pub struct ServerInfo {
     /// replicas no longer count towards a chunk's majority.
     #[serde(default)]
     pub lost: bool,
+    /// Blocks this server found failing their checksums since the master started.
+    #[serde(default)]
+    pub corrupt_blocks: u64,
 }
 
 impl ServerInfo {
@@ -115,6 +118,17 @@ pub struct VolumeSpec {
     /// Which device classes hold the replicas.
     #[serde(default)]
     pub mode: VolumeMode,
+}
+
+impl VolumeSpec {
+    /// The volume byte stored at `offset` of chunk `index`: the inverse of the
+    /// striping formula (`floe_client::stripe::Layout::locate`).
+    pub fn volume_offset(&self, index: u64, offset: u64) -> u64 {
+        let (unit, count) = (self.stripe_unit_bytes, self.stripe_count as u64);
+        let set = index / count;
+        let stripe = set * (self.chunk_bytes / unit) + offset / unit;
+        (stripe * count + index % count) * unit + offset % unit
+    }
 }
 
 /// How a volume's replicas use the device classes (URSA section 3.2). A class that
@@ -403,6 +417,30 @@ pub struct ClusterStatus {
     pub rebalance: RebalanceStatus,
     #[serde(default)]
     pub qos: QosStatus,
+    #[serde(default)]
+    pub scrub: ScrubStatus,
+}
+
+/// Block checksums and scrub, for `floe status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    /// Seconds between background scrubs of every volume (0: off).
+    pub interval_seconds: u64,
+    /// Background passes finished since the master started.
+    pub passes: u64,
+    /// The pass under way: chunks checked of the chunks it covers, its read rate
+    /// over all replicas, and the time it needs for the rest.
+    pub running: bool,
+    pub chunks_checked: u64,
+    pub chunks_total: u64,
+    pub bytes_per_second: u64,
+    pub eta_seconds: Option<u64>,
+    /// Since the master started, by reads, scrubs and background passes: blocks found
+    /// failing their checksums and rewritten from good copies, and blocks no replica
+    /// holds good (the latest few named).
+    pub healed_blocks: u64,
+    pub lost_blocks: u64,
+    pub lost: Vec<String>,
 }
 
 /// The cluster map and the replica moves that bring chunks to where it places them.
@@ -460,6 +498,14 @@ pub struct ScrubReport {
     /// Chunks whose replicas differed at equal versions (or in version) before repair.
     pub differences: u64,
     pub repaired: u64,
+    /// Blocks that failed their checksums on some replica and were rewritten from a
+    /// good copy.
+    #[serde(default)]
+    pub healed_blocks: u64,
+    /// Blocks with no good copy left, as (volume byte offset, chunk index, offset in
+    /// the chunk); nothing was changed for them.
+    #[serde(default)]
+    pub lost_blocks: Vec<(u64, u64, u64)>,
     pub details: Vec<String>,
 }
 

@@ -125,7 +125,15 @@ pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
                 length: map.volume.spec.chunk_bytes,
             });
             match pool.call(&server.address, request).await {
-                Ok(Response::Replica(ReplicaResponse::Checksum { version, crc })) => {
+                Ok(Response::Replica(ReplicaResponse::Checksum { version, crc, bad })) => {
+                    // Nothing rots in a simulation: a block failing its checksum is
+                    // data and checksum written out of step.
+                    if !bad.is_empty() {
+                        violations.push(format!(
+                            "chunk {} on server {}: blocks {bad:?} fail their checksums",
+                            chunk.index, server.id
+                        ));
+                    }
                     if version < committed {
                         violations.push(format!(
                             "chunk {} on server {} holds version {version:#x}, below the \

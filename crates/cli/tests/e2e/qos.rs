@@ -292,6 +292,7 @@ async fn heartbeat(master: &MasterClient, ids: &[ServerId], full: ServerId, jour
                 used_bytes: 0,
                 journal_used_bytes: used,
                 journal_quota_bytes: quota,
+                corrupt_blocks: Vec::new(),
             },
         )
         .await;

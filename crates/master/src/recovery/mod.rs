@@ -29,15 +29,20 @@
 //! count towards the majority.
 //!
 //! [`plan`] makes these decisions as pure functions; [`view_change`] makes the calls
-//! between them; [`peers`] bounds each call; `scrub` compares replicas; [`audit`]
-//! finds replicas a writer that died without releasing its lease left behind.
+//! between them; [`peers`] bounds each call; `scrub` checks replicas block by block
+//! and compares them, [`integrity`] runs it where reads found bad blocks and in the
+//! background; [`audit`] finds replicas a writer that died without releasing its
+//! lease left behind.
 
 mod audit;
+mod integrity;
 mod peers;
 mod plan;
 mod scrub;
 mod view_change;
 
+pub(crate) use integrity::Integrity;
+pub use integrity::{background as background_scrub, heal_reported, ScrubSettings};
 pub(crate) use plan::desired;
 pub(crate) use scrub::scrub;
 

@@ -47,7 +47,10 @@ impl Master {
         request: ReplicaRequest,
     ) -> Result<ReplicaResponse, CallError> {
         let limit = match request {
-            ReplicaRequest::Repair { .. } => REPAIR_TIMEOUT,
+            // Each reads or copies up to a whole chunk.
+            ReplicaRequest::Repair { .. }
+            | ReplicaRequest::Checksum { .. }
+            | ReplicaRequest::Heal { .. } => REPAIR_TIMEOUT,
             _ => ASK_TIMEOUT,
         };
         match self

@@ -322,6 +322,7 @@ mod tests {
                         used_bytes: 0,
                         up: true,
                         lost: false,
+                        corrupt_blocks: 0,
                     };
                     (d.id, server)
                 })

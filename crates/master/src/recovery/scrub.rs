@@ -1,138 +1,285 @@
-//! `floe scrub VOLUME`: replicas compared by checksum at equal versions.
+//! Scrub: a chunk's replicas are read whole at one version, every block checked
+//! against its own checksum. A block that fails on a replica is rewritten there from
+//! a replica whose copy checks ([`ReplicaRequest::Heal`]); a block no replica holds
+//! good is reported lost (volume offset) and nothing is changed for it. Then the
+//! replicas' whole-chunk checksums are compared: copies that differ though every
+//! block checks (a lost write, not rot) are rebuilt from a majority, never without
+//! one.
+//!
+//! `floe scrub VOLUME` runs it over a volume; [`super::integrity`] runs it on chunks a
+//! read found bad, and over every volume in the background.
 
 use crate::{Failure, Master};
 use floe_protocol::{
-    ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo,
+    ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo, Volume,
 };
 use std::time::Duration;
 
-/// Compares every chunk's replicas by checksum at equal versions and repairs the
-/// ones that differ from a majority; with no majority it changes nothing.
+/// Scrubs every chunk of volume `name`.
 pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Failure> {
-    const SETTLE_ATTEMPTS: u32 = 20;
-    let (volume, indexes) = {
-        let state = master.state();
-        let volume = state.volume(name)?;
-        let indexes: Vec<u64> = state
-            .chunks
-            .get(&volume.id)
-            .into_iter()
-            .flat_map(|c| c.keys().copied())
-            .collect();
-        (volume, indexes)
-    };
+    let volume = master.state().volume(name)?;
     let mut report = ScrubReport::default();
-    for index in indexes {
-        report.chunks += 1;
-        let chunk = ChunkId {
-            volume_id: volume.id,
-            index,
-        };
-        let checksum = ReplicaRequest::Checksum {
-            chunk,
-            length: volume.spec.chunk_bytes,
-        };
-        // The placement is read again on each attempt: a repair or a move may change
-        // the replica set while the scrub waits for one version.
-        let mut members = Vec::new();
-        let mut sums = Vec::new();
-        for _ in 0..SETTLE_ATTEMPTS {
-            members = replicas_of(master, volume.id, index).unwrap_or_default();
-            if members.is_empty() {
-                break;
-            }
-            let replies = futures::future::join_all(
-                members
-                    .iter()
-                    .map(|s| master.ask(&s.address, checksum.clone())),
-            )
-            .await;
-            sums = replies
-                .into_iter()
-                .filter_map(|r| match r {
-                    Ok(ReplicaResponse::Checksum { version, crc }) => Some((version, crc)),
-                    _ => None,
-                })
-                .collect();
-            if sums.len() == members.len() && sums.iter().all(|s| s.0 == sums[0].0) {
-                break;
-            }
-            sums.clear();
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if members.is_empty() {
-            report.skipped += 1;
-            report
-                .details
-                .push(format!("chunk {index}: degraded, recovery pending"));
-            continue;
-        }
-        if sums.is_empty() {
-            report.skipped += 1;
-            report.details.push(format!(
-                "chunk {index}: replicas unreachable or never at one version"
-            ));
-            continue;
-        }
-        if sums.iter().all(|s| s.1 == sums[0].1) {
-            continue;
-        }
-        report.differences += 1;
-        let crcs: Vec<u32> = sums.iter().map(|s| s.1).collect();
-        let Some(good) = majority(&crcs) else {
-            // No telling the good copy (if any) from the bad: a rebuild from one of
-            // them could destroy the only good copy.
-            let detail = format!(
-                "chunk {index}: no two replicas agree at version {:#x} (crcs {}): nothing \
-                 rebuilt; the replicas are kept as they are",
-                sums[0].0,
-                crcs.iter()
-                    .zip(&members)
-                    .map(|(crc, s)| format!("server {} {crc:08x}", s.id))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            tracing::warn!("scrub: {detail}");
-            report.details.push(detail);
-            continue;
-        };
-        let authority = crcs
-            .iter()
-            .position(|crc| *crc == good)
-            .expect("a majority holds it");
-        let mut fixed = true;
-        for (i, (_, crc)) in sums.iter().enumerate() {
-            if *crc == good {
-                continue;
-            }
-            let detail = format!(
-                "chunk {}: server {} differs at version {:#x} (crc {crc:08x}, majority {good:08x})",
-                index, members[i].id, sums[i].0
-            );
-            tracing::warn!("scrub: {detail}");
-            report.details.push(detail);
-            let rate = master.recovery.limits.bytes_per_second;
-            let repaired = master
-                .repair_from(
-                    chunk,
-                    &members[i],
-                    &members[authority],
-                    RepairKind::Whole,
-                    rate,
-                )
-                .await
-                .is_ok()
-                && matches!(
-                    master.ask(&members[i].address, checksum.clone()).await,
-                    Ok(ReplicaResponse::Checksum { crc, .. }) if crc == good
-                );
-            fixed &= repaired;
-        }
-        if fixed {
-            report.repaired += 1;
-        }
+    for index in chunks_of(master, volume.id) {
+        check_chunk(master, &volume, index, &mut report).await;
     }
     Ok(report)
+}
+
+/// The volume's allocated chunks.
+pub(super) fn chunks_of(master: &Master, volume_id: u64) -> Vec<u64> {
+    let state = master.state();
+    state
+        .chunks
+        .get(&volume_id)
+        .into_iter()
+        .flat_map(|c| c.keys().copied())
+        .collect()
+}
+
+/// One replica's answer to a whole-chunk read.
+struct Sums {
+    version: u64,
+    crc: u32,
+    /// Offsets of blocks that fail their own checksums.
+    bad: Vec<u64>,
+}
+
+/// Checks and heals one chunk, adding what it found to `report`.
+pub(super) async fn check_chunk(
+    master: &Master,
+    volume: &Volume,
+    index: u64,
+    report: &mut ScrubReport,
+) {
+    report.chunks += 1;
+    let chunk = ChunkId {
+        volume_id: volume.id,
+        index,
+    };
+    let Some((members, sums)) = settled_sums(master, volume, index, report).await else {
+        return;
+    };
+    let rotten = sums.iter().any(|s| !s.bad.is_empty());
+    if rotten {
+        report.differences += 1;
+    }
+    let healed = heal(master, volume, chunk, &members, &sums, report).await;
+    // Healing changed the healed replicas' checksums: read them again.
+    let sums = match healed {
+        0 => sums,
+        _ => match settled_sums(master, volume, index, &mut ScrubReport::default()).await {
+            Some((again, sums)) if again == members => sums,
+            _ => return,
+        },
+    };
+    if sums.iter().all(|s| s.crc == sums[0].crc) {
+        if rotten && sums.iter().all(|s| s.bad.is_empty()) {
+            report.repaired += 1;
+        }
+        return;
+    }
+    if !rotten {
+        report.differences += 1;
+    }
+    rebuild_from_majority(master, volume, chunk, &members, &sums, report).await;
+}
+
+/// Every replica's checksums at one version; None (with the reason in `report`) when
+/// the chunk is degraded or its replicas never settled on one version.
+async fn settled_sums(
+    master: &Master,
+    volume: &Volume,
+    index: u64,
+    report: &mut ScrubReport,
+) -> Option<(Vec<ServerInfo>, Vec<Sums>)> {
+    const SETTLE_ATTEMPTS: u32 = 20;
+    let checksum = ReplicaRequest::Checksum {
+        chunk: ChunkId {
+            volume_id: volume.id,
+            index,
+        },
+        length: volume.spec.chunk_bytes,
+    };
+    let mut members = Vec::new();
+    for _ in 0..SETTLE_ATTEMPTS {
+        // The placement is read again on each attempt: a repair or a move may change
+        // the replica set while the scrub waits for one version.
+        members = replicas_of(master, volume.id, index).unwrap_or_default();
+        if members.is_empty() {
+            break;
+        }
+        let replies = futures::future::join_all(
+            members
+                .iter()
+                .map(|s| master.ask(&s.address, checksum.clone())),
+        )
+        .await;
+        let sums: Vec<Sums> = replies
+            .into_iter()
+            .filter_map(|r| match r {
+                Ok(ReplicaResponse::Checksum { version, crc, bad }) => {
+                    Some(Sums { version, crc, bad })
+                }
+                _ => None,
+            })
+            .collect();
+        if sums.len() == members.len() && sums.iter().all(|s| s.version == sums[0].version) {
+            return Some((members, sums));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    report.skipped += 1;
+    report.details.push(if members.is_empty() {
+        format!("chunk {index}: degraded, recovery pending")
+    } else {
+        format!("chunk {index}: replicas unreachable or never at one version")
+    });
+    None
+}
+
+/// Rewrites each replica's bad blocks from replicas that hold them good; reports the
+/// blocks no replica holds good. Returns the blocks healed.
+async fn heal(
+    master: &Master,
+    volume: &Volume,
+    chunk: ChunkId,
+    members: &[ServerInfo],
+    sums: &[Sums],
+    report: &mut ScrubReport,
+) -> u64 {
+    let mut lost: Vec<u64> = Vec::new();
+    let mut healed = 0;
+    for (i, target) in members.iter().enumerate() {
+        let mut blocks = Vec::new();
+        for &offset in &sums[i].bad {
+            let sources: Vec<String> = members
+                .iter()
+                .zip(sums)
+                .filter(|(_, s)| !s.bad.contains(&offset))
+                .map(|(m, _)| m.address.clone())
+                .collect();
+            if sources.is_empty() {
+                if !lost.contains(&offset) {
+                    lost.push(offset);
+                }
+            } else {
+                blocks.push((offset, sources));
+            }
+        }
+        if blocks.is_empty() {
+            continue;
+        }
+        let wanted = blocks.len() as u64;
+        let request = ReplicaRequest::Heal {
+            chunk,
+            version: sums[i].version,
+            blocks,
+        };
+        let detail = match master.ask(&target.address, request).await {
+            Ok(ReplicaResponse::Healed { blocks }) => {
+                healed += blocks;
+                format!(
+                    "chunk {}: server {} had {wanted} corrupt blocks, {blocks} rewritten from \
+                     good copies",
+                    chunk.index, target.id
+                )
+            }
+            Ok(other) => format!(
+                "chunk {}: server {} answered a heal with {other:?}",
+                chunk.index, target.id
+            ),
+            Err(e) => format!(
+                "chunk {}: healing {wanted} blocks on server {} failed: {e}",
+                chunk.index, target.id
+            ),
+        };
+        tracing::warn!("scrub: {detail}");
+        report.details.push(detail);
+    }
+    report.healed_blocks += healed;
+    for offset in lost {
+        let at = volume.spec.volume_offset(chunk.index, offset);
+        let detail = format!(
+            "volume {} offset {at}: LOST, no replica holds a good copy of chunk {} block \
+             {offset} (left as it is)",
+            volume.spec.name, chunk.index
+        );
+        tracing::error!("scrub: {detail}");
+        report.details.push(detail);
+        report.lost_blocks.push((at, chunk.index, offset));
+    }
+    healed
+}
+
+/// Replicas whose blocks all check but whose contents differ: the ones that differ
+/// from a majority are rebuilt from it (a whole copy, whose reads check every block
+/// of the source); with no majority nothing is rebuilt.
+async fn rebuild_from_majority(
+    master: &Master,
+    volume: &Volume,
+    chunk: ChunkId,
+    members: &[ServerInfo],
+    sums: &[Sums],
+    report: &mut ScrubReport,
+) {
+    let index = chunk.index;
+    let crcs: Vec<u32> = sums.iter().map(|s| s.crc).collect();
+    let Some(good) = majority(&crcs) else {
+        // No telling the good copy (if any) from the bad: a rebuild from one of them
+        // could destroy the only good copy.
+        let detail = format!(
+            "chunk {index}: no two replicas agree at version {:#x} (crcs {}): nothing \
+             rebuilt; the replicas are kept as they are",
+            sums[0].version,
+            crcs.iter()
+                .zip(members)
+                .map(|(crc, s)| format!("server {} {crc:08x}", s.id))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        tracing::warn!("scrub: {detail}");
+        report.details.push(detail);
+        return;
+    };
+    let authority = crcs
+        .iter()
+        .position(|crc| *crc == good)
+        .expect("a majority holds it");
+    let checksum = ReplicaRequest::Checksum {
+        chunk,
+        length: volume.spec.chunk_bytes,
+    };
+    let mut fixed = true;
+    for (i, sum) in sums.iter().enumerate() {
+        if sum.crc == good {
+            continue;
+        }
+        let detail = format!(
+            "chunk {}: server {} differs at version {:#x} (crc {:08x}, majority {good:08x})",
+            index, members[i].id, sum.version, sum.crc
+        );
+        tracing::warn!("scrub: {detail}");
+        report.details.push(detail);
+        let rate = master.recovery.limits.bytes_per_second;
+        let repaired = master
+            .repair_from(
+                chunk,
+                &members[i],
+                &members[authority],
+                RepairKind::Whole,
+                rate,
+            )
+            .await
+            .is_ok()
+            && matches!(
+                master.ask(&members[i].address, checksum.clone()).await,
+                Ok(ReplicaResponse::Checksum { crc, .. }) if crc == good
+            );
+        fixed &= repaired;
+    }
+    if fixed {
+        report.repaired += 1;
+    }
 }
 
 /// The chunk's replicas when it is healthy (none stale, all up); None when it is
