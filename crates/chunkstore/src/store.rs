@@ -249,7 +249,30 @@ impl Store {
     /// journals, the rest from the chunk file. Runs on the caller's thread: chunk files
     /// are in the page cache for hot data, and a pread is cheaper than a hop to another
     /// thread (an emulated disk only makes the caller wait afterwards).
+    ///
+    /// A block that fails its checksum is never returned: the read fails with
+    /// [`StoreError::Corrupt`], and the block is logged and kept for
+    /// [`Store::take_corrupt`].
     pub async fn read(
+        &self,
+        chunk: ChunkId,
+        offset: u64,
+        length: u32,
+    ) -> Result<Bytes, StoreError> {
+        let read = self.read_unreported(chunk, offset, length).await;
+        if let Err(StoreError::Corrupt {
+            chunk,
+            offset,
+            place,
+        }) = &read
+        {
+            self.files.found_corrupt(*chunk, *offset, place);
+        }
+        read
+    }
+
+    /// [`Store::read`], leaving a corrupt block for the caller to report.
+    async fn read_unreported(
         &self,
         chunk: ChunkId,
         offset: u64,
@@ -264,14 +287,6 @@ impl Store {
         }
         let mut out = BytesMut::zeroed(length as usize);
         let read = self.read_into(chunk, offset, &mut out);
-        if let Err(StoreError::Corrupt {
-            chunk,
-            offset,
-            place,
-        }) = &read
-        {
-            self.files.found_corrupt(*chunk, *offset, place);
-        }
         if let Some(at) = hdd::take_paced_until() {
             tokio::time::sleep_until(at.into()).await;
         }
@@ -325,7 +340,7 @@ impl Store {
 
     /// crc32c of the chunk's first `length` bytes, holes and the part past the end of
     /// the file read as zeroes, and the offsets of the blocks that fail their
-    /// checksums (read as zeroes for the crc).
+    /// checksums (read as zeroes for the crc; the caller, a scrub, reports them).
     pub async fn checksum(
         &self,
         chunk: ChunkId,
@@ -338,7 +353,7 @@ impl Store {
         let mut at = 0;
         while at < length {
             let n = (length - at).min(PIECE_BYTES) as u32;
-            match self.read(chunk, at, n).await {
+            match self.read_unreported(chunk, at, n).await {
                 Ok(data) => crc = crc32c::crc32c_append(crc, &data),
                 // Block by block, to name every bad one.
                 Err(StoreError::Corrupt { .. }) => {
@@ -346,7 +361,7 @@ impl Store {
                     let mut block = at;
                     while block < end {
                         let len = (end - block).min(BLOCK_BYTES) as u32;
-                        let data = match self.read(chunk, block, len).await {
+                        let data = match self.read_unreported(chunk, block, len).await {
                             Err(StoreError::Corrupt { .. }) => {
                                 bad.push(block);
                                 Bytes::from(vec![0; len as usize])
@@ -365,7 +380,7 @@ impl Store {
     }
 
     /// Blocks found failing their checksums since the last call (chunk, offset), by
-    /// reads, writes over them, replay and [`Store::checksum`]; each was logged.
+    /// reads, writes over them and replay; each was logged.
     pub fn take_corrupt(&self) -> Vec<(ChunkId, u64)> {
         self.files.take_corrupt()
     }

@@ -4,7 +4,8 @@
 use crate::size;
 use floe_client::master::MasterClient;
 use floe_protocol::{
-    ChunkId, JournalUsage, MasterRequest, MasterResponse, QosLimits, ServerId, Volume, VolumeSpec,
+    ChunkId, ClusterStatus, JournalUsage, MasterRequest, MasterResponse, QosLimits, ServerId,
+    Volume, VolumeSpec,
 };
 use std::time::Duration;
 
@@ -338,7 +339,49 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
     if let Some(error) = &m.last_error {
         println!("  last move failed: {error}");
     }
+    print_integrity(&status);
     Ok(())
+}
+
+/// Block checksums and the background scrub, for `floe status`.
+fn print_integrity(status: &ClusterStatus) {
+    let s = &status.scrub;
+    let found: u64 = status.servers.iter().map(|s| s.corrupt_blocks).sum();
+    println!(
+        "integrity: {found} corrupt blocks found by reads, {} healed from good copies, {} lost",
+        s.healed_blocks, s.lost_blocks
+    );
+    for server in status.servers.iter().filter(|s| s.corrupt_blocks > 0) {
+        println!(
+            "  server {} ({}): {} corrupt blocks found",
+            server.id, server.address, server.corrupt_blocks
+        );
+    }
+    for lost in &s.lost {
+        println!("  LOST: {lost} (no replica holds a good copy)");
+    }
+    let schedule = match s.interval_seconds {
+        0 => "off".to_string(),
+        secs => format!(
+            "every {}",
+            humantime::format_duration(Duration::from_secs(secs))
+        ),
+    };
+    if s.running {
+        println!(
+            "scrub: {schedule}; pass {} under way: {}/{} chunks, {}/s{}",
+            s.passes + 1,
+            s.chunks_checked,
+            s.chunks_total,
+            size::format(s.bytes_per_second),
+            match s.eta_seconds {
+                Some(eta) => format!(", about {eta} s left"),
+                None => String::new(),
+            }
+        );
+    } else {
+        println!("scrub: {schedule}; {} background passes done", s.passes);
+    }
 }
 
 /// A scrub reads every replica of every chunk before the master answers: as long as
@@ -360,8 +403,14 @@ pub async fn scrub(master: &MasterClient, name: &str) -> Result<(), String> {
         println!("{detail}");
     }
     println!(
-        "scrubbed {name}: {} chunks, {} differences, {} repaired, {} skipped",
-        report.chunks, report.differences, report.repaired, report.skipped
+        "scrubbed {name}: {} chunks, {} differences, {} repaired, {} blocks healed, {} blocks \
+         lost, {} skipped",
+        report.chunks,
+        report.differences,
+        report.repaired,
+        report.healed_blocks,
+        report.lost_blocks.len(),
+        report.skipped
     );
     if report.differences > report.repaired || report.skipped > 0 {
         return Err(format!(

@@ -13,6 +13,7 @@ mod fencing;
 mod fio;
 mod fio_job;
 mod hybrid;
+mod integrity;
 mod io_helpers;
 mod mark_lost;
 mod nbd_raw;

@@ -1,8 +1,8 @@
-//! Scrub with corrupted replicas: one bad copy is rebuilt from the two that agree;
-//! when no two agree, scrub changes nothing (it cannot tell the good copy, and a
-//! rebuild from a bad one would destroy it) and says so.
+//! Scrub decides by the blocks' own checksums, not by rank: with corrupted replicas, a
+//! block bad on one or two copies is rewritten from one that checks; a block bad on
+//! every copy is reported lost (volume offset) and no copy of it is changed.
 
-use crate::cluster::{free_ports, nbdsh, ok, Cluster};
+use crate::cluster::{free_ports, nbdsh, ok, output, Cluster};
 use crate::io_helpers::{floe_output, text};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -10,16 +10,16 @@ use std::path::PathBuf;
 /// The demo volume's id; a 1 MiB write at 0 puts 256 KiB in each of chunks 0-3 (its
 /// stripes are 64 KiB over 4 chunks), in the chunk files (large writes bypass the
 /// journals).
-const VOLUME_ID: u64 = 1;
+pub const VOLUME_ID: u64 = 1;
 const BAD: [u8; 16] = [0x5a; 16];
 
-fn chunk_file(cluster: &Cluster, server: usize, chunk: u64) -> PathBuf {
+pub fn chunk_file(cluster: &Cluster, server: usize, chunk: u64) -> PathBuf {
     cluster
         .dir
         .join(format!("cs-{server}/chunks/{VOLUME_ID:016x}/{chunk:016x}"))
 }
 
-fn read16(path: &PathBuf, at: u64) -> [u8; 16] {
+pub fn read16(path: &PathBuf, at: u64) -> [u8; 16] {
     let mut out = [0u8; 16];
     std::fs::File::open(path)
         .unwrap()
@@ -28,7 +28,8 @@ fn read16(path: &PathBuf, at: u64) -> [u8; 16] {
     out
 }
 
-fn corrupt(path: &PathBuf, at: u64) {
+/// Bit rot: bytes changed under the store, checksums left as they were.
+pub fn corrupt(path: &PathBuf, at: u64) {
     std::fs::OpenOptions::new()
         .write(true)
         .open(path)
@@ -38,7 +39,7 @@ fn corrupt(path: &PathBuf, at: u64) {
 }
 
 #[test]
-fn scrub_rebuilds_one_bad_copy_and_never_rebuilds_from_a_disputed_one() {
+fn scrub_heals_each_bad_block_from_a_good_copy_and_reports_blocks_with_none_lost() {
     let work = tempfile::tempdir().unwrap();
     let cluster = Cluster::start_with(work.path(), free_ports(), None, Vec::new());
     ok(nbdsh().args([
@@ -48,11 +49,16 @@ fn scrub_rebuilds_one_bad_copy_and_never_rebuilds_from_a_disputed_one() {
         &format!("h.pwrite(b'\\xab' * {}, 0)", 1 << 20),
     ]));
     let placement = cluster.placement();
-    let (one, two) = (&placement[&0], &placement[&1]);
-    // Chunk 0: one replica bad. Chunk 1: two bad, at different bytes.
+    let (one, two, three) = (&placement[&0], &placement[&1], &placement[&2]);
+    // Chunk 0: one replica bad. Chunk 1: two bad, at different blocks. Chunk 2: every
+    // replica bad at 16384 (lost), and one also at 20480.
     corrupt(&chunk_file(&cluster, one[1], 0), 4096);
     corrupt(&chunk_file(&cluster, two[0], 1), 8192);
     corrupt(&chunk_file(&cluster, two[1], 1), 12288);
+    for &server in three {
+        corrupt(&chunk_file(&cluster, server, 2), 16384);
+    }
+    corrupt(&chunk_file(&cluster, three[0], 2), 20480);
 
     let out = floe_output(&cluster, &["scrub", "demo"]);
     let said = text(&out);
@@ -60,18 +66,38 @@ fn scrub_rebuilds_one_bad_copy_and_never_rebuilds_from_a_disputed_one() {
         !out.status.success(),
         "scrub called the volume clean: {said}"
     );
-    assert!(
-        said.contains("chunk 1: no two replicas agree"),
-        "scrub: {said}"
-    );
-    // Chunk 0 rebuilt from the two that agree.
-    assert_eq!(read16(&chunk_file(&cluster, one[1], 0), 4096), [0xab; 16]);
-    // Chunk 1 untouched: each copy keeps its own bytes, the good one included.
-    assert_eq!(read16(&chunk_file(&cluster, two[0], 1), 8192), BAD);
-    assert_eq!(read16(&chunk_file(&cluster, two[0], 1), 12288), [0xab; 16]);
-    assert_eq!(read16(&chunk_file(&cluster, two[1], 1), 12288), BAD);
-    assert_eq!(read16(&chunk_file(&cluster, two[1], 1), 8192), [0xab; 16]);
-    for at in [8192, 12288] {
-        assert_eq!(read16(&chunk_file(&cluster, two[2], 1), at), [0xab; 16]);
+    // Chunk 2 at 16384 is volume byte 2 * 64 KiB + 16384.
+    assert!(said.contains("volume demo offset 147456: LOST"), "{said}");
+    assert!(said.contains("4 blocks healed, 1 blocks lost"), "{said}");
+    for (server, chunk, at) in [
+        (one[1], 0, 4096),
+        (two[0], 1, 8192),
+        (two[1], 1, 12288),
+        (three[0], 2, 20480),
+    ] {
+        assert_eq!(
+            read16(&chunk_file(&cluster, server, chunk), at),
+            [0xab; 16],
+            "server {server} chunk {chunk} at {at} healed"
+        );
     }
+    // The lost block: every copy kept as it was, none overwritten.
+    for &server in three {
+        assert_eq!(read16(&chunk_file(&cluster, server, 2), 16384), BAD);
+    }
+    // A client gets an error for it, never its bytes; the rest reads.
+    let lost = output(nbdsh().args(["-u", cluster.uri(), "-c", "h.pread(4096, 147456)"]));
+    assert!(!lost.status.success(), "a lost block was read");
+    ok(nbdsh().args([
+        "-u",
+        cluster.uri(),
+        "-c",
+        "assert h.pread(147456, 0) == b'\\xab' * 147456",
+    ]));
+    let status = cluster.floe(&["status"]);
+    assert!(
+        status.contains("4 healed from good copies, 1 lost"),
+        "{status}"
+    );
+    assert!(status.contains("LOST: demo offset 147456"), "{status}");
 }
