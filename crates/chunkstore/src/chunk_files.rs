@@ -82,22 +82,22 @@ impl Files {
             return Ok(Some(f.clone()));
         }
         let path = layout::chunk_path(&self.dir, chunk);
-        let (data, created) = match self.disk.open(&path, false) {
-            Ok(f) => (f, false),
+        let sums_path = layout::sums_path(&self.dir, chunk);
+        let (data, sums) = match self.disk.open(&path, false) {
+            Ok(data) => (data, self.disk.open(&sums_path, true)?),
             Err(e) if e.kind() == ErrorKind::NotFound && create => {
                 self.disk
                     .create_dir_all(path.parent().expect("chunk path has a parent"))?;
-                (self.disk.open(&path, true)?, true)
+                // A power cut may have undone a file's creation and kept its
+                // checksums: emptied, durably, before the new file exists.
+                let sums = self.disk.open(&sums_path, true)?;
+                sums.set_len(0)?;
+                sums.sync_data()?;
+                (self.disk.open(&path, true)?, sums)
             }
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let sums = self.disk.open(&layout::sums_path(&self.dir, chunk), true)?;
-        if created {
-            // A power cut may have kept the checksums of a file whose creation it
-            // undid: a new file's blocks are holes, unchecked.
-            sums.set_len(0)?;
-        }
         let file = ChunkFile { chunk, data, sums };
         let mut open = self.open.lock().unwrap();
         if open.len() >= OPEN_FILES_MAX {
