@@ -11,13 +11,14 @@ import sys
 from pathlib import Path
 
 COLORS = {"device": "#888888", "nbdkit": "#4c72b0", "floe": "#dd8452", "floe-hybrid": "#c44e52",
-          "floe-hdd": "#8172b3", "ceph": "#55a868"}
+          "floe-hdd": "#8172b3", "ceph": "#55a868", "floe-unchecked": "#937860"}
 # The ratios the suite answers with: Floe (its ssd volume) against each alternative,
 # then Floe's other volume modes against ssd mode (issue 4's goal: hybrid >= 0.9 x ssd
 # on 4 KiB writes). (numerator, denominator, column header; None: from the labels).
 EMULATED = "hdd emulated"
 RATIOS = [("floe", "nbdkit", None), ("floe", "ceph", None), ("floe", "device", None),
-          ("floe-hybrid", "floe", f"hybrid/ssd ({EMULATED})"), ("floe-hdd", "floe", f"hdd/ssd ({EMULATED})")]
+          ("floe-hybrid", "floe", f"hybrid/ssd ({EMULATED})"), ("floe-hdd", "floe", f"hdd/ssd ({EMULATED})"),
+          ("floe", "floe-unchecked", "checked/unchecked reads")]
 MODE_RATIOS = {"floe-hybrid", "floe-hdd"}
 HYBRID_GOAL = 0.9
 

@@ -26,6 +26,8 @@ pub(crate) struct Files {
     /// The emulated hdd under the chunk files, asked whether it is idle.
     pub(crate) hdd: Option<Arc<Hdd>>,
     pub(crate) journals: Option<Journals>,
+    /// Reads check block checksums (see [`crate::Tuning::check_reads`]).
+    pub(crate) check_reads: bool,
     /// Blocks found failing their checksums and not yet reported (chunk, offset).
     corrupt: Mutex<BTreeSet<(ChunkId, u64)>>,
     corrupt_found: AtomicU64,
@@ -37,6 +39,7 @@ impl Files {
         dir: &Path,
         metas: Metas,
         hdd: Option<Arc<Hdd>>,
+        check_reads: bool,
     ) -> Files {
         Files {
             disk,
@@ -45,6 +48,7 @@ impl Files {
             metas: Mutex::new(metas),
             hdd,
             journals: None,
+            check_reads,
             corrupt: Mutex::default(),
             corrupt_found: AtomicU64::new(0),
         }

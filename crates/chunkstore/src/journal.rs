@@ -288,13 +288,15 @@ impl Journals {
         Ok(())
     }
 
-    /// Fills the journaled parts of `out` (chunk bytes from `offset`) from the journals;
-    /// returns the rest, the (offset, length) ranges to read from the chunk file.
+    /// Fills the journaled parts of `out` (chunk bytes from `offset`) from the journals,
+    /// their sectors checked if `check`; returns the rest, the (offset, length) ranges
+    /// to read from the chunk file.
     pub(crate) fn read(
         &self,
         chunk: ChunkId,
         offset: u64,
         out: &mut [u8],
+        check: bool,
     ) -> Result<Vec<(u64, u64)>, StoreError> {
         let end = offset + out.len() as u64;
         let index = self.index.lock().unwrap();
@@ -321,7 +323,11 @@ impl Journals {
                     let (j, at) = locate(journal);
                     let mut sectors = vec![0u8; (len * SECTOR_BYTES) as usize];
                     disk::read_at(&*self.files[j], &mut sectors, at)?;
-                    if let Some(&bad) = self.bad_sectors(journal, &sectors).first() {
+                    let bad = match check {
+                        true => self.bad_sectors(journal, &sectors),
+                        false => Vec::new(),
+                    };
+                    if let Some(&bad) = bad.first() {
                         let at = (sector + bad) * SECTOR_BYTES;
                         return Err(StoreError::Corrupt {
                             chunk,

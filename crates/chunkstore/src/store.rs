@@ -50,13 +50,22 @@ pub struct Tuning {
     pub manual_replay: bool,
     /// Plain mode: log bytes after which the committer checkpoints.
     pub wal_checkpoint_bytes: u64,
+    /// Reads check the blocks' checksums (writes always keep them). Off only under
+    /// bench/run's hidden switch, the environment variable [`BENCH_UNCHECKED_READS`],
+    /// to measure what checking costs.
+    pub check_reads: bool,
 }
+
+/// Set (to anything) in a chunk server's environment, its reads skip the block
+/// checksums: for bench/run's cost measurement only.
+pub const BENCH_UNCHECKED_READS: &str = "FLOE_BENCH_UNCHECKED_READS";
 
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
             manual_replay: false,
             wal_checkpoint_bytes: WAL_BYTES_CHECKPOINT,
+            check_reads: std::env::var_os(BENCH_UNCHECKED_READS).is_none(),
         }
     }
 }
@@ -110,7 +119,10 @@ impl Store {
             )));
         }
         let metas = meta::load(&*disk, &dir.join(layout::META))?;
-        let mut files = Files::new(disk.clone(), dir, metas, hdd);
+        if !tuning.check_reads {
+            tracing::warn!("{BENCH_UNCHECKED_READS} is set: reads skip the block checksums");
+        }
+        let mut files = Files::new(disk.clone(), dir, metas, hdd, tuning.check_reads);
         let queue = Arc::new(Queue::default());
         let wal = dir.join(layout::WAL);
         let committer = if hybrid {
@@ -294,9 +306,10 @@ impl Store {
     }
 
     fn read_into(&self, chunk: ChunkId, offset: u64, out: &mut [u8]) -> Result<(), StoreError> {
+        let check = self.files.check_reads;
         let (holes, in_flux) = match &self.files.journals {
             Some(journals) => (
-                journals.read(chunk, offset, out)?,
+                journals.read(chunk, offset, out, check)?,
                 journals.in_flux(chunk, offset, out.len() as u64),
             ),
             None => (vec![(offset, out.len() as u64)], Vec::new()),
@@ -310,7 +323,12 @@ impl Store {
         if let Some(file) = self.files.get(chunk, false)? {
             for (at, len) in holes {
                 let from = (at - offset) as usize;
-                file.read(&mut out[from..from + len as usize], at, &unchecked)?;
+                let part = &mut out[from..from + len as usize];
+                if check {
+                    file.read(part, at, &unchecked)?;
+                } else {
+                    disk::read_at(&*file.data, part, at)?;
+                }
             }
         }
         Ok(())

@@ -335,6 +335,7 @@ fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
     let tuning = Tuning {
         manual_replay: true,
         wal_checkpoint_bytes: quota,
+        check_reads: true,
     };
     (options, tuning)
 }

@@ -155,6 +155,7 @@ impl Cluster {
         let tuning = Tuning {
             // Checkpoints every few dozen writes, so crashes land around them too.
             wal_checkpoint_bytes: 256 << 10,
+            check_reads: true,
             ..Tuning::default()
         };
         let store = Store::open_on(
