@@ -55,3 +55,69 @@ fn a_read_never_returns_a_corrupt_block_and_the_bad_copy_is_healed() {
         "{status}"
     );
 }
+
+#[test]
+fn blocks_rotting_while_writes_run_are_never_read() {
+    use crate::fio_job::{assert_clean, FioJob, Verify};
+    use rand::{Rng, SeedableRng};
+    let work = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start_with(work.path(), free_ports(), None, Vec::new());
+    let uri = cluster.uri().to_string();
+    // At rest: 16 MiB in 1 MiB writes, 4 MiB in each of chunks 0-3 (chunk files).
+    let rest = FioJob::new("rest", &uri, work.path())
+        .rw("write")
+        .bs("1M")
+        .size("16M")
+        .iodepth(4);
+    assert_clean(
+        &rest
+            .clone()
+            .verify(Verify::Write { save_state: false })
+            .run(),
+        "fill",
+    );
+    // Busy: 4 KiB random writes next to it while blocks rot.
+    let busy = FioJob::new("busy", &uri, work.path())
+        .rw("randwrite")
+        .bs("4k")
+        .offset("16M")
+        .size("16M")
+        .iodepth(16);
+    let writer = busy
+        .clone()
+        .runtime(8)
+        .verify(Verify::Write { save_state: true })
+        .spawn();
+    let placement = cluster.placement();
+    let mut random = rand::rngs::StdRng::seed_from_u64(12);
+    let mut rotten = std::collections::HashSet::new();
+    while rotten.len() < 24 {
+        let chunk = random.gen_range(0..4u64);
+        let block = random.gen_range(0..1024u64);
+        if rotten.insert((chunk, block)) {
+            let replicas = &placement[&chunk];
+            let server = replicas[random.gen_range(0..replicas.len())];
+            corrupt(&chunk_file(&cluster, server, chunk), block * 4096 + 100);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    // Every block read back and checked while the writes go on: none is corrupt.
+    assert_clean(
+        &rest
+            .clone()
+            .verify(Verify::Read { load_state: false })
+            .run(),
+        "verify of the blocks at rest",
+    );
+    let written = writer.wait_with_output().expect("fio runs");
+    assert_clean(&written, "random writes");
+    assert_clean(
+        &busy.verify(Verify::Read { load_state: true }).run(),
+        "verify of the random writes",
+    );
+    // Each rotten block had a good copy: the scrub leaves the volume clean.
+    let scrub = cluster.floe(&["scrub", "demo"]);
+    assert!(scrub.contains("0 blocks lost"), "{scrub}");
+    let status = cluster.floe(&["status"]);
+    assert!(status.contains(", 0 lost"), "{status}");
+}

@@ -7,7 +7,7 @@
 use super::scrub::{check_chunk, chunks_of};
 use crate::Master;
 use floe_protocol::{ChunkId, ScrubReport, ScrubStatus, ServerId};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -15,6 +15,9 @@ use tokio::time::Instant;
 
 /// Lost blocks `floe status` names.
 const LOST_NAMED: usize = 20;
+/// A chunk reported again this soon after a scrub of it waits: a block with no good
+/// copy is reported by every read of it, and each scrub reads the whole chunk.
+const RESCRUB_AFTER: Duration = Duration::from_secs(10);
 
 /// The background scrub.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +41,8 @@ pub(crate) struct Integrity {
     settings: ScrubSettings,
     /// Chunks reported corrupt, not yet scrubbed.
     reported: Mutex<BTreeSet<ChunkId>>,
+    /// When each chunk was last scrubbed for a report.
+    scrubbed: Mutex<HashMap<ChunkId, Instant>>,
     wake: Notify,
     status: Mutex<ScrubStatus>,
 }
@@ -47,6 +52,7 @@ impl Integrity {
         Integrity {
             settings,
             reported: Mutex::default(),
+            scrubbed: Mutex::default(),
             wake: Notify::new(),
             status: Mutex::new(ScrubStatus {
                 interval_seconds: settings.interval.map_or(0, |i| i.as_secs()),
@@ -89,12 +95,35 @@ impl Master {
     }
 }
 
-/// Scrubs the chunks reported corrupt, as they come, forever.
+/// Scrubs the chunks reported corrupt, as they come (a chunk scrubbed less than
+/// [`RESCRUB_AFTER`] ago waits), forever.
 pub async fn heal_reported(master: Arc<Master>) {
+    let integrity = &master.integrity;
     loop {
-        master.integrity.wake.notified().await;
-        let chunks = std::mem::take(&mut *master.integrity.reported.lock().unwrap());
-        for chunk in chunks {
+        if integrity.reported.lock().unwrap().is_empty() {
+            integrity.wake.notified().await;
+        }
+        let now = Instant::now();
+        let due: Vec<ChunkId> = {
+            let mut reported = integrity.reported.lock().unwrap();
+            let mut scrubbed = integrity.scrubbed.lock().unwrap();
+            scrubbed.retain(|_, at| now.duration_since(*at) < RESCRUB_AFTER);
+            let due: Vec<ChunkId> = reported
+                .iter()
+                .filter(|chunk| !scrubbed.contains_key(chunk))
+                .copied()
+                .collect();
+            for chunk in &due {
+                reported.remove(chunk);
+                scrubbed.insert(*chunk, now);
+            }
+            due
+        };
+        if due.is_empty() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        for chunk in due {
             let volume = {
                 let state = master.state();
                 state
