@@ -18,9 +18,11 @@
 
 use crate::disk::{self, FileRef};
 use crate::error::StoreError;
+use crate::sums_cache::{SumsCache, PAGE_SUMS};
 use bytes::{Buf, BufMut};
 use floe_protocol::ChunkId;
 use std::io;
+use std::sync::Arc;
 
 /// The checksummed unit.
 pub const BLOCK_BYTES: u64 = 4096;
@@ -76,6 +78,7 @@ pub(crate) struct ChunkFile {
     pub(crate) chunk: ChunkId,
     pub(crate) data: FileRef,
     pub(crate) sums: FileRef,
+    pub(crate) cache: Arc<SumsCache>,
 }
 
 impl ChunkFile {
@@ -86,10 +89,20 @@ impl ChunkFile {
     }
 
     fn sums(&self, first: u64, count: u64) -> io::Result<Vec<u32>> {
-        let mut raw = vec![0u8; (count * ENTRY_BYTES) as usize];
-        disk::read_at(&*self.sums, &mut raw, first * ENTRY_BYTES)?;
-        let mut r = &raw[..];
-        Ok((0..count).map(|_| r.get_u32_le()).collect())
+        let mut out = vec![0u32; count as usize];
+        let mut at = first;
+        while at < first + count {
+            let (page, within) = (at / PAGE_SUMS, at % PAGE_SUMS);
+            let n = (PAGE_SUMS - within).min(first + count - at);
+            let part = &mut out[(at - first) as usize..(at - first + n) as usize];
+            self.cache.read(page, within as usize, part, || {
+                let mut raw = vec![0u8; (PAGE_SUMS * ENTRY_BYTES) as usize];
+                disk::read_at(&*self.sums, &mut raw, page * PAGE_SUMS * ENTRY_BYTES)?;
+                Ok(raw.chunks_exact(4).map(|mut e| e.get_u32_le()).collect())
+            })?;
+            at += n;
+        }
+        Ok(out)
     }
 
     fn put_sums(&self, first: u64, sums: &[u32]) -> io::Result<()> {
@@ -97,7 +110,9 @@ impl ChunkFile {
         for sum in sums {
             raw.put_u32_le(*sum);
         }
-        self.sums.write_all_at(&raw, first * ENTRY_BYTES)
+        self.cache.write(first, sums, || {
+            self.sums.write_all_at(&raw, first * ENTRY_BYTES)
+        })
     }
 
     /// Changes `[offset, offset + fill.len())` and its blocks' checksums (not yet
@@ -171,11 +186,11 @@ impl ChunkFile {
                 let whole_from = offset.div_ceil(BLOCK_BYTES);
                 let whole_to = end / BLOCK_BYTES;
                 if whole_to > whole_from {
-                    self.sums.zero_range(
-                        whole_from * ENTRY_BYTES,
-                        (whole_to - whole_from) * ENTRY_BYTES,
-                        true,
-                    )?;
+                    let count = whole_to - whole_from;
+                    self.cache.zero(whole_from, count, || {
+                        self.sums
+                            .zero_range(whole_from * ENTRY_BYTES, count * ENTRY_BYTES, true)
+                    })?;
                 }
                 self.data.zero_range(offset, length, punch)?;
             }
@@ -288,6 +303,7 @@ mod tests {
             },
             data: RealDisk.open(&dir.join("data"), true).unwrap(),
             sums: RealDisk.open(&dir.join("sums"), true).unwrap(),
+            cache: Arc::new(SumsCache::new(Default::default())),
         }
     }
 

@@ -7,6 +7,7 @@ use crate::disk::Disk;
 use crate::journal::Journals;
 use crate::layout;
 use crate::meta::Metas;
+use crate::sums_cache::{Budget, SumsCache};
 use floe_protocol::ChunkId;
 use std::collections::{BTreeSet, HashMap};
 use std::io::{self, ErrorKind};
@@ -28,6 +29,8 @@ pub(crate) struct Files {
     pub(crate) journals: Option<Journals>,
     /// Reads check block checksums (see [`crate::Tuning::check_reads`]).
     pub(crate) check_reads: bool,
+    /// Checksum pages the open chunk files keep in memory.
+    sums_budget: Arc<Budget>,
     /// Blocks found failing their checksums and not yet reported (chunk, offset).
     corrupt: Mutex<BTreeSet<(ChunkId, u64)>>,
     corrupt_found: AtomicU64,
@@ -49,6 +52,7 @@ impl Files {
             hdd,
             journals: None,
             check_reads,
+            sums_budget: Arc::default(),
             corrupt: Mutex::default(),
             corrupt_found: AtomicU64::new(0),
         }
@@ -102,7 +106,12 @@ impl Files {
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let file = ChunkFile { chunk, data, sums };
+        let file = ChunkFile {
+            chunk,
+            data,
+            sums,
+            cache: Arc::new(SumsCache::new(self.sums_budget.clone())),
+        };
         let mut open = self.open.lock().unwrap();
         if open.len() >= OPEN_FILES_MAX {
             open.clear();

@@ -13,7 +13,8 @@
 //! - [`meta`]: each replica's view and version as of the last checkpoint.
 //! - [`chunk_files`]: open chunk files and the replicas' durable state.
 //! - [`block_sums`]: a crc32c per 4 KiB block of every chunk file, checked on every
-//!   read (journal data is checked per sector: [`journal`]).
+//!   read (journal data is checked per sector: [`journal`]); `sums_cache` keeps
+//!   pages of them in memory.
 //! - [`disk`]: the file system under all of it: [`RealDisk`], the emulated hdd
 //!   ([`disk::hdd`]) and [`SimDisk`], an in-memory disk that loses unsynced writes at
 //!   a simulated power cut.
@@ -49,6 +50,7 @@ pub mod meta;
 mod plain_commit;
 mod replay;
 pub mod store;
+mod sums_cache;
 pub mod wal;
 
 pub use disk::{Disk, DiskFile, RealDisk, SimDisk};
