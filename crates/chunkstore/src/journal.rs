@@ -350,32 +350,23 @@ impl Journals {
     pub(crate) fn in_flux(&self, chunk: ChunkId, offset: u64, length: u64) -> Vec<(u64, u64)> {
         let start = offset - offset % BLOCK_BYTES;
         let end = (offset + length).next_multiple_of(BLOCK_BYTES);
-        let index = self.index.lock().unwrap();
-        let Some(entry) = index.get(&chunk) else {
-            return Vec::new();
-        };
         let (first, count) = sectors(start, end - start);
-        entry
-            .query(first, count)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|p| match p {
-                Piece::Journal { offset, len, .. } => {
-                    Some((offset * SECTOR_BYTES, len * SECTOR_BYTES))
-                }
-                Piece::Hole { .. } => None,
-            })
-            .collect()
+        self.journaled(chunk, first, count)
     }
 
     /// Byte ranges of the chunk held in the journals.
     pub(crate) fn extents(&self, chunk: ChunkId) -> Vec<(u64, u64)> {
+        self.journaled(chunk, 0, CHUNK_SECTORS)
+    }
+
+    /// Byte ranges held in the journals among `count` sectors from `first`.
+    fn journaled(&self, chunk: ChunkId, first: u64, count: u64) -> Vec<(u64, u64)> {
         let index = self.index.lock().unwrap();
         let Some(entry) = index.get(&chunk) else {
             return Vec::new();
         };
         entry
-            .query(0, CHUNK_SECTORS)
+            .query(first, count)
             .unwrap_or_default()
             .into_iter()
             .filter_map(|p| match p {

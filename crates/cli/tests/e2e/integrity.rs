@@ -2,7 +2,7 @@
 //! a read found bad is healed from a good one without anyone asking.
 
 use crate::cluster::{free_ports, nbdsh, ok, Cluster};
-use crate::scrub::{chunk_file, corrupt, read16};
+use crate::scrub::{chunk_file, cluster_holding, corrupt, read16};
 use std::time::{Duration, Instant};
 
 /// 256 distinct bytes over and over: a block read from the wrong place shows.
@@ -11,13 +11,7 @@ const PATTERN: &str = "bytes(range(256)) * 4096";
 #[test]
 fn a_read_never_returns_a_corrupt_block_and_the_bad_copy_is_healed() {
     let work = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start_with(work.path(), free_ports(), None, Vec::new());
-    ok(nbdsh().args([
-        "-u",
-        cluster.uri(),
-        "-c",
-        &format!("h.pwrite({PATTERN}, 0)"),
-    ]));
+    let cluster = cluster_holding(work.path(), PATTERN);
     let placement = cluster.placement();
     // The primary's copy of chunk 0 (read first) and a backup's of chunk 1 (an hdd
     // server's chunk file), both at 4096: volume bytes 4096 and 64 KiB + 4096.

@@ -38,16 +38,18 @@ pub fn corrupt(path: &PathBuf, at: u64) {
         .unwrap();
 }
 
+/// A demo cluster whose volume holds what the Python expression `data` gives
+/// (written at 0).
+pub fn cluster_holding(work: &std::path::Path, data: &str) -> Cluster {
+    let cluster = Cluster::start_with(work, free_ports(), None, Vec::new());
+    ok(nbdsh().args(["-u", cluster.uri(), "-c", &format!("h.pwrite({data}, 0)")]));
+    cluster
+}
+
 #[test]
 fn scrub_heals_each_bad_block_from_a_good_copy_and_reports_blocks_with_none_lost() {
     let work = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start_with(work.path(), free_ports(), None, Vec::new());
-    ok(nbdsh().args([
-        "-u",
-        cluster.uri(),
-        "-c",
-        &format!("h.pwrite(b'\\xab' * {}, 0)", 1 << 20),
-    ]));
+    let cluster = cluster_holding(work.path(), &format!("b'\\xab' * {}", 1 << 20));
     let placement = cluster.placement();
     let (one, two, three) = (&placement[&0], &placement[&1], &placement[&2]);
     // Chunk 0: one replica bad. Chunk 1: two bad, at different blocks. Chunk 2: every
