@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 pub(crate) struct LogFile {
     pub(crate) file: FileRef,
     pub(crate) path: PathBuf,
-    /// Format 4 (journal data on sector boundaries) or 2 (packed).
+    /// Format 5 (journal data on sector boundaries) or 2 (packed).
     pub(crate) aligned: bool,
     /// Where the next batch is appended.
     pub(crate) position: u64,

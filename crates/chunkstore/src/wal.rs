@@ -13,7 +13,7 @@
 //! the start without being truncated or zeroed. Sequence numbers are global across
 //! the journals of one store (see `store`), so a file's records may skip numbers.
 //!
-//! Format 2 (the log in the data directory) packs records back to back. Format 4 (a
+//! Format 2 (the log in the data directory) packs records back to back. Format 5 (a
 //! journal) pads before the data so it starts on a [`SECTOR_BYTES`] boundary: the
 //! journal index addresses journal data in sectors. `view` and `version` are the
 //! chunk's replication state once the record is applied, so the state is durable in
@@ -29,8 +29,11 @@ const RECORD_MAGIC: u32 = 0x464c_5752; // "FLWR"
 const FORMAT_PACKED: u32 = 2;
 /// Format 4: a header's start sequence also voids older records in the other journals
 /// (format 3 journals lack that rule and are refused, to be drained by the old version).
-const FORMAT_ALIGNED: u32 = 4;
-/// Alignment of journal data (format 4), the journal index's unit.
+/// Format 5 adds `Intent` records, which a format 4 reader would take for a torn tail:
+/// journals are written as 5, and 4 is still read (it has no intents).
+const FORMAT_ALIGNED: u32 = 5;
+const FORMAT_ALIGNED_READ: [u32; 2] = [4, FORMAT_ALIGNED];
+/// Alignment of journal data (formats 4 and 5), the journal index's unit.
 pub const SECTOR_BYTES: u64 = 512;
 /// No single record may carry more than this, so replay can bound its buffer.
 pub const RECORD_DATA_BYTES_MAX: u64 = 64 << 20;
@@ -161,7 +164,7 @@ impl RecordHeader {
     }
 }
 
-/// A log header; `aligned` selects format 4 (journal data on sector boundaries).
+/// A log header; `aligned` selects format 5 (journal data on sector boundaries).
 pub fn encode_header(start_seq: u64, aligned: bool) -> [u8; HEADER_BYTES as usize] {
     let mut out = [0u8; HEADER_BYTES as usize];
     let mut w = &mut out[..];
@@ -194,7 +197,7 @@ pub fn decode_header(raw: &[u8], aligned: bool) -> Result<u64, HeaderError> {
         return Err(HeaderError::NotALog);
     }
     match r.get_u32_le() {
-        FORMAT_ALIGNED if aligned => Ok(r.get_u64_le()),
+        format if aligned && FORMAT_ALIGNED_READ.contains(&format) => Ok(r.get_u64_le()),
         FORMAT_PACKED if !aligned => Ok(r.get_u64_le()),
         other => Err(HeaderError::Format(other)),
     }
@@ -241,5 +244,11 @@ mod tests {
             Err(HeaderError::Format(FORMAT_ALIGNED))
         );
         assert_eq!(decode_header(&[0u8; 4096], true), Err(HeaderError::NotALog));
+        // A format 4 journal (before intents) is still read.
+        let mut four = encode_header(78, true);
+        four[4..8].copy_from_slice(&4u32.to_le_bytes());
+        let crc = crc32c::crc32c(&four[..16]);
+        four[16..20].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_header(&four, true), Ok(78));
     }
 }
