@@ -309,22 +309,23 @@ def charts(data, folder):
          lambda job, m: m["ios_per_cpu_s"], lambda job: "I/Os per CPU-second")
 
     qd1 = [j for j in jobs if j["iodepth"] == 1 and j["unit"] == "IOPS"]
-    fig, axes = plt.subplots(1, len(qd1), figsize=(5 * len(qd1), 4.5), squeeze=False)
-    width = 0.8 / len(keys)
-    for ax, job in zip(axes.flat, qd1):
-        for i, (k, label, color) in enumerate(zip(keys, [s["label"] for s in systems], colors)):
-            m = results[k][job["key"]]["median"]
-            bars = ax.bar([x + i * width for x in (0, 1)], [m["p50_us"], m["p99_us"]], width, label=label, color=color)
-            ax.bar_label(bars, labels=[number(m["p50_us"]), number(m["p99_us"])], fontsize=7)
-        ax.set_xticks([x + width * (len(keys) - 1) / 2 for x in (0, 1)], ["p50", "p99"])
-        ax.set_yscale("log")
-        ax.set_ylabel("microseconds (log scale)")
-        ax.set_title(job["label"], fontsize=10)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Completion latency at queue depth 1, lower is better ({title})")
-    fig.tight_layout()
-    fig.savefig(folder / "latency.png", dpi=80)
-    plt.close(fig)
+    if qd1:  # a run of --jobs without a queue-depth-1 IOPS job has no latency chart
+        fig, axes = plt.subplots(1, len(qd1), figsize=(5 * len(qd1), 4.5), squeeze=False)
+        width = 0.8 / len(keys)
+        for ax, job in zip(axes.flat, qd1):
+            for i, (k, label, color) in enumerate(zip(keys, [s["label"] for s in systems], colors)):
+                m = results[k][job["key"]]["median"]
+                bars = ax.bar([x + i * width for x in (0, 1)], [m["p50_us"], m["p99_us"]], width, label=label, color=color)
+                ax.bar_label(bars, labels=[number(m["p50_us"]), number(m["p99_us"])], fontsize=7)
+            ax.set_xticks([x + width * (len(keys) - 1) / 2 for x in (0, 1)], ["p50", "p99"])
+            ax.set_yscale("log")
+            ax.set_ylabel("microseconds (log scale)")
+            ax.set_title(job["label"], fontsize=10)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"Completion latency at queue depth 1, lower is better ({title})")
+        fig.tight_layout()
+        fig.savefig(folder / "latency.png", dpi=80)
+        plt.close(fig)
 
     long_jobs = [j for j in jobs if any(results[k][j["key"]]["runs"][0].get("iops_per_second") for k in keys)]
     for job in long_jobs:
