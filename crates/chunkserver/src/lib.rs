@@ -723,7 +723,7 @@ impl Handler for ChunkServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use floe_protocol::next_version;
+    use floe_protocol::{next_version, RepairKind};
 
     const VOLUME: u64 = 7;
     const CHUNK: ChunkId = ChunkId {
@@ -732,9 +732,13 @@ mod tests {
     };
 
     fn server(dir: &std::path::Path) -> Arc<ChunkServer> {
+        server_over(dir, ConnectionPool::default())
+    }
+
+    fn server_over(dir: &std::path::Path, peers: ConnectionPool) -> Arc<ChunkServer> {
         Arc::new(ChunkServer {
             store: Store::open_with(dir, &StoreOptions::default()).unwrap(),
-            peers: ConnectionPool::default(),
+            peers,
             slots: Mutex::default(),
             generations: Mutex::default(),
         })
@@ -823,6 +827,88 @@ mod tests {
             .handle(write(CHUNK, 0, v1, next_version(v1, 2), 0))
             .await;
         assert!(matches!(response, Response::Done), "{response:?}");
+    }
+
+    /// Every call goes to one server: a repair's source.
+    struct To(Arc<ChunkServer>);
+
+    impl floe_protocol::Transport for To {
+        fn call<'a>(
+            &'a self,
+            _: &'a str,
+            request: Request,
+        ) -> floe_protocol::transport::CallFuture<'a> {
+            Box::pin(async move {
+                match self.0.clone().handle(request).await {
+                    Response::Error { status, message } => {
+                        Err(CallError::Remote { status, message })
+                    }
+                    response => Ok(response),
+                }
+            })
+        }
+
+        fn forget(&self, _: &str) {}
+    }
+
+    #[tokio::test]
+    async fn a_repair_never_takes_a_replica_back_to_an_older_version() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let source = server(a.path());
+        let replica = server_over(b.path(), ConnectionPool::over(Arc::new(To(source.clone()))));
+        let v1 = next_version(0, 1);
+        let v2 = next_version(v1, 1);
+        for server in [&source, &replica] {
+            let response = server.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+            assert!(matches!(response, Response::Done), "{response:?}");
+        }
+        // The replica acknowledged v2 first; the source has yet to.
+        let response = replica.clone().handle(write(CHUNK, 0, v1, v2, 8192)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        let repair = |kind| {
+            Request::Replica(ReplicaRequest::Repair {
+                chunk: CHUNK,
+                source: "source".into(),
+                kind,
+                bytes_per_second: 0,
+            })
+        };
+        let holds_v2 = || async {
+            let version = match info(&replica, CHUNK, 0).await {
+                Response::Replica(ReplicaResponse::ChunkInfo { version, .. }) => version,
+                other => panic!("{other:?}"),
+            };
+            let read = Request::Read {
+                chunk: CHUNK,
+                offset: 8192,
+                length: 4096,
+                min_version: 0,
+            };
+            let data = match replica.clone().handle(read).await {
+                Response::Data(data) => data,
+                other => panic!("{other:?}"),
+            };
+            version == v2 && data.iter().all(|b| *b == 0xab)
+        };
+        // A prefetch (a whole copy: the source's log does not reach v2) is dropped.
+        let response = replica.clone().handle(repair(RepairKind::Prefetch)).await;
+        assert!(status(&response).is_none(), "{response:?}");
+        assert!(holds_v2().await, "a prefetch took back v2");
+        // A catch-up (or a scrub's whole copy) fails.
+        for kind in [RepairKind::CatchUp, RepairKind::Whole] {
+            let response = replica.clone().handle(repair(kind)).await;
+            assert_eq!(status(&response), Some(Status::Behind), "{response:?}");
+            assert!(holds_v2().await, "a {kind:?} repair took back v2");
+        }
+        // Once the source has v2 too, a catch-up goes on.
+        let response = source.clone().handle(write(CHUNK, 0, v1, v2, 8192)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        let response = replica.clone().handle(repair(RepairKind::CatchUp)).await;
+        assert!(
+            matches!(response, Response::Replica(ReplicaResponse::Repaired { version, .. }) if version == v2),
+            "{response:?}"
+        );
+        assert!(holds_v2().await);
     }
 
     #[tokio::test]

@@ -237,9 +237,13 @@ impl Pull<'_> {
         view: u64,
         changed: Ranges,
     ) -> Result<(u64, bool, u64), Failure> {
-        match self.staged(view, Staged::Overlay, changed).await? {
-            (Some(version), bytes) => Ok((version, true, bytes)),
-            (None, _) => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
+        // The source's log reaches back to this replica's version: it holds at
+        // least that much, and an overlay only adds to it.
+        match self.staged(view, Staged::Overlay, changed, 0).await? {
+            Outcome::Reached(version, bytes) => Ok((version, true, bytes)),
+            Outcome::Unsettled(_) | Outcome::Behind(..) => {
+                Err((Status::Busy, SOURCE_KEPT_CHANGING.into()))
+            }
         }
     }
 
@@ -256,23 +260,31 @@ impl Pull<'_> {
             .ranges(ReplicaRequest::Extents { chunk: self.chunk })
             .await
             .map_err(failed)?;
-        match self.staged(view, Staged::Whole, extents).await? {
-            (Some(version), bytes) => Ok((version, false, bytes)),
-            (None, bytes) if kind == RepairKind::Prefetch => Ok((since, false, bytes)),
-            (None, _) => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
+        match self.staged(view, Staged::Whole, extents, since).await? {
+            Outcome::Reached(version, bytes) => Ok((version, false, bytes)),
+            Outcome::Unsettled(bytes) | Outcome::Behind(_, bytes)
+                if kind == RepairKind::Prefetch =>
+            {
+                Ok((since, false, bytes))
+            }
+            Outcome::Unsettled(_) => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
+            Outcome::Behind(version, _) => Err((
+                Status::Behind,
+                format!("the source holds {version:#x}, this replica {since:#x}: kept"),
+            )),
         }
     }
 
     /// Copies `first` into a fresh staging chunk of `kind`, then what changed
-    /// meanwhile, and applies it to the replica once the copy converged. Returns the
-    /// version reached (None: the source kept changing, the replica is as it was) and
-    /// the bytes copied.
+    /// meanwhile, and applies it to the replica once the copy converged at a version
+    /// no lower than `floor` (the replica's own, for a copy that replaces it).
     async fn staged(
         &mut self,
         view: u64,
         kind: Staged,
         first: Ranges,
-    ) -> Result<(Option<u64>, u64), Failure> {
+        floor: u64,
+    ) -> Result<Outcome, Failure> {
         let store = &self.server.store;
         let staging = staging::begin(store, self.chunk, kind, view)
             .await
@@ -282,14 +294,31 @@ impl Pull<'_> {
         let reached = self
             .converge(staging, first.version, copying, &mut bytes)
             .await?;
-        if let Some(version) = reached {
-            let whole = ChunkMeta { view, version };
-            staging::complete(&self.server.store, self.chunk, kind, whole)
-                .await
-                .map_err(io)?;
+        let Some(version) = reached else {
+            return Ok(Outcome::Unsettled(bytes));
+        };
+        // A source behind this replica (a change reached the replica before it, or it
+        // missed one) would take back changes the replica acknowledged, which a
+        // majority may count on: the replica stays as it is.
+        if version < floor {
+            return Ok(Outcome::Behind(version, bytes));
         }
-        Ok((reached, bytes))
+        let whole = ChunkMeta { view, version };
+        staging::complete(&self.server.store, self.chunk, kind, whole)
+            .await
+            .map_err(io)?;
+        Ok(Outcome::Reached(version, bytes))
     }
+}
+
+/// How a staged copy ended, with the bytes copied.
+enum Outcome {
+    /// Applied: the replica is at this version.
+    Reached(u64, u64),
+    /// The source kept changing: the replica is as it was.
+    Unsettled(u64),
+    /// The source settled below the replica's version: the replica is as it was.
+    Behind(u64, u64),
 }
 
 /// The source's answer to LogSince or Extents.
@@ -347,6 +376,12 @@ pub(crate) async fn repair(
     // staging copy's replacement failed part-way); what was copied so far is harmless
     // either way.
     let version = server.store.meta(chunk).version;
+    // A repair only adds to what the replica holds; 0 is a replacement that failed
+    // part-way (the replica may then hold anything and claims nothing).
+    assert!(
+        version >= since || version == 0,
+        "a repair of {chunk:?} took the replica back from {since:#x} to {version:#x}"
+    );
     replica.submitted = version;
     replica.durable = version;
     drop(replica);

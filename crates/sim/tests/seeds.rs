@@ -123,6 +123,7 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (101449, "a replica down during the audit after a writer died came back behind, counted current"),
     (806009, "a replica cut off during the audit after a writer died came back behind, counted current"),
     (802317, "a server marked lost registered again (a message in flight) and was counted down, not lost: the cluster never healed"),
+    (1801565, "a view change's prefetch whole-copied a source behind its stale target, taking back a change the target had acknowledged; the source's ack then committed it, and a later view change lost it"),
 ];
 
 /// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.
