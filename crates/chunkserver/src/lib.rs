@@ -18,7 +18,7 @@ pub use floe_chunkstore::{JournalDir, Options as StoreOptions};
 use floe_protocol::connection::CallError;
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
-    generation_of, ChunkId, ConnectionPool, DeviceClass, MasterRequest, MasterResponse,
+    generation_of, ChunkId, ConnectionPool, DeviceClass, FsUsage, MasterRequest, MasterResponse,
     Registration, ReplicaRequest, ReplicaResponse, Request, Response, ServerId, Stamp, Status,
 };
 use replica::{Admit, Replica};
@@ -240,6 +240,7 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                     journal_used_bytes,
                     journal_quota_bytes,
                     corrupt_blocks: corrupt_blocks.clone(),
+                    fs: fs_usage(store),
                 }
             }
         };
@@ -280,6 +281,24 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
             }) => tracing::error!("the master refuses this server: {message}"),
             Ok(other) => tracing::warn!("unexpected master reply {other:?}"),
             Err(e) => tracing::warn!("master unreachable: {e}"),
+        }
+    }
+}
+
+/// The data directory's file system for the master; `None` (and logged) if it
+/// cannot be read.
+fn fs_usage(store: &Store) -> Option<FsUsage> {
+    match store.space_report() {
+        Ok(report) => Some(FsUsage {
+            device: report.fs.device,
+            total_bytes: report.fs.total_bytes,
+            free_bytes: report.fs.free_bytes,
+            writable_bytes: report.writable_bytes,
+            short: report.short,
+        }),
+        Err(e) => {
+            tracing::warn!("cannot read the data directory's free space: {e}");
+            None
         }
     }
 }
@@ -388,7 +407,7 @@ impl ChunkServer {
         }
         let slot = self.slot(chunk);
         let deadline = tokio::time::Instant::now() + EARLY_ARRIVAL_WAIT;
-        let meta = loop {
+        let (meta, reservation) = loop {
             // Created before the check: notify_waiters wakes it from here on.
             let changed = slot.changed.notified();
             {
@@ -400,11 +419,26 @@ impl ChunkServer {
                 // refused.
                 match replica.admit(&stamp, self.fence(chunk.volume_id)) {
                     Admit::Apply => {
+                        // Refused for space before the version is taken: the replica
+                        // stays as it was, and the writer knows it lacks the change.
+                        let reserved = match &change {
+                            Change::Write(data) => {
+                                self.store.reserve_write(offset, data.len() as u64)
+                            }
+                            Change::Zero { length, punch } => {
+                                self.store.reserve_zero(offset, *length, *punch)
+                            }
+                        };
+                        let reservation = match reserved {
+                            Ok(reservation) => reservation,
+                            Err(e) => return store_error(e),
+                        };
                         replica.submit(&stamp, offset, change.length());
-                        break ChunkMeta {
+                        let meta = ChunkMeta {
                             view: replica.view,
                             version: stamp.version,
                         };
+                        break (meta, reservation);
                     }
                     Admit::Executed if replica.durable >= stamp.version => return Response::Done,
                     Admit::Executed | Admit::Wait => {}
@@ -427,9 +461,18 @@ impl ChunkServer {
         // Wake the change queued behind this one now: the store keeps submission order.
         slot.changed.notify_waiters();
         let result = match change {
-            Change::Write(data) => self.store.write(chunk, offset, data, meta).await,
+            // What a writer sends in place of a change every replica refused for
+            // space: the version, nothing else, keeps the chunk's versions in sequence.
+            Change::Write(data) if data.is_empty() => self.store.set_meta(chunk, meta).await,
+            Change::Write(data) => {
+                self.store
+                    .write_reserved(reservation, chunk, offset, data, meta)
+                    .await
+            }
             Change::Zero { length, punch } => {
-                self.store.zero(chunk, offset, length, punch, meta).await
+                self.store
+                    .zero_reserved(reservation, chunk, offset, length, punch, meta)
+                    .await
             }
         };
         let response = {

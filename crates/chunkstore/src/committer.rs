@@ -11,8 +11,10 @@ use crate::journal::Journals;
 use crate::layout;
 use crate::log_file::{assert_in_chunk, LogFile};
 use crate::meta::ChunkMeta;
-use crate::wal::{Kind, RecordHeader};
+use crate::space::Reservation;
+use crate::wal::{Kind, RecordHeader, RECORD_HEADER_BYTES};
 use bytes::Bytes;
+use floe_protocol::frame::PAYLOAD_BYTES_MAX;
 use floe_protocol::ChunkId;
 use std::collections::BTreeSet;
 use std::io::{self, ErrorKind};
@@ -23,6 +25,9 @@ use tokio::sync::{oneshot, Notify};
 
 /// Log bytes gathered into one append + fdatasync.
 const BATCH_BYTES_MAX: usize = 16 << 20;
+/// Room a log keeps allocated past its quota: the largest batch, which is one
+/// change when that alone is larger than [`BATCH_BYTES_MAX`] (a request's payload).
+pub(crate) const BATCH_ROOM_BYTES: u64 = (PAYLOAD_BYTES_MAX as u64) + (1 << 20);
 /// Records in one append. Bounds the records a crash can leave intact past a torn
 /// one: those of the last batch, never synced, with sequence numbers up to this many
 /// past the last valid record.
@@ -34,6 +39,9 @@ pub(crate) struct Change {
     pub(crate) header: RecordHeader,
     pub(crate) data: Bytes,
     pub(crate) done: Done,
+    /// Held until the change is in the chunk file (or the journal: see
+    /// [`crate::space`]), then dropped with the change.
+    pub(crate) _reservation: Reservation,
 }
 
 pub(crate) type Completions = Vec<(Done, Result<(), StoreError>)>;
@@ -139,6 +147,14 @@ impl Committer {
                 }
             }
         }
+    }
+
+    /// Log bytes a batch takes, sector padding aside.
+    pub(crate) fn batch_bytes(batch: &[Change]) -> u64 {
+        batch
+            .iter()
+            .map(|c| (RECORD_HEADER_BYTES + c.header.data_len()) as u64)
+            .sum()
     }
 
     pub(crate) fn fail_all(batch: &mut Vec<Change>, error: StoreError) -> Completions {

@@ -122,7 +122,7 @@ impl Journals {
         let mut logs = Vec::new();
         for (path, quota) in paths {
             disk.create_dir_all(path.parent().expect("journal path has a parent"))?;
-            let log = LogFile::open(disk, &path, true, quota.min(SPAN_BYTES))?;
+            let mut log = LogFile::open(disk, &path, true, quota.min(SPAN_BYTES))?;
             if !log.file.try_lock()? {
                 return Err(StoreError::Io(format!(
                     "journal {} is in use by another chunk server; give each hdd its own \
@@ -130,6 +130,8 @@ impl Journals {
                     path.display()
                 )));
             }
+            // Records past the quota (the hdd's own journal's overflow) carry no data.
+            log.allocate(0)?;
             logs.push(log);
         }
         let journals = Journals {

@@ -15,6 +15,9 @@
 //! - [`block_sums`]: a crc32c per 4 KiB block of every chunk file, checked on every
 //!   read (journal data is checked per sector: [`journal`]); `sums_cache` keeps
 //!   pages of them in memory.
+//! - [`space`]: the file system's free space, reserved by each change before it is
+//!   logged, with a floor kept for deletes and trims; the log and journals are
+//!   allocated in full when opened.
 //! - [`disk`]: the file system under all of it: [`RealDisk`], the emulated hdd
 //!   ([`disk::hdd`]) and [`SimDisk`], an in-memory disk that loses unsynced writes at
 //!   a simulated power cut.
@@ -49,6 +52,7 @@ mod log_file;
 pub mod meta;
 mod plain_commit;
 mod replay;
+pub mod space;
 pub mod store;
 mod sums_cache;
 pub mod wal;

@@ -16,6 +16,8 @@ pub(crate) struct LogFile {
     pub(crate) position: u64,
     /// Bytes the file may fill before a checkpoint (the plain log) or an overflow.
     pub(crate) quota: u64,
+    /// Bytes allocated up front, so appends below never fail for space.
+    pub(crate) allocated: u64,
     /// The header's start sequence; `None` for a new file without a header yet.
     pub(crate) start_seq: Option<u64>,
     /// Sequence numbers of the first and last record since the header was written.
@@ -60,9 +62,26 @@ impl LogFile {
             aligned,
             position: wal::HEADER_BYTES,
             quota,
+            allocated: 0,
             start_seq,
             seqs: None,
         })
+    }
+
+    /// Allocates the file's quota and `room` past it (see [`LogFile::allocated`]).
+    pub(crate) fn allocate(&mut self, room: u64) -> Result<(), StoreError> {
+        let bytes = self.quota + room;
+        self.file.allocate(bytes).map_err(|e| {
+            crate::error::io_error(
+                &e,
+                format!(
+                    "cannot allocate {bytes} bytes for {}: {e}",
+                    self.path.display()
+                ),
+            )
+        })?;
+        self.allocated = bytes;
+        Ok(())
     }
 
     /// Visits every valid record after the header, in order, with the position of its

@@ -4,12 +4,12 @@
 
 use crate::block_sums::Merge;
 use crate::chunk_files::Files;
-use crate::committer::{Change, Committer, Completions};
+use crate::committer::{Change, Committer, Completions, BATCH_ROOM_BYTES};
 use crate::error::{io_error, StoreError};
 use crate::layout;
 use crate::log_file::LogFile;
 use crate::meta;
-use crate::wal::RecordHeader;
+use crate::wal::{self, RecordHeader};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,6 +22,7 @@ impl Committer {
         checkpoint_bytes: u64,
     ) -> Result<Committer, StoreError> {
         let mut file = LogFile::open(&*files.disk, path, false, checkpoint_bytes)?;
+        file.allocate(BATCH_ROOM_BYTES)?;
         let mut log = Committer::new(Vec::new(), files);
         log.adopt_unsynced_dirs()?;
         let mut replayed = 0;
@@ -45,6 +46,17 @@ impl Committer {
     pub(crate) fn commit(&mut self, batch: &mut Vec<Change>) -> Completions {
         if let Some(failed) = &self.failed {
             return Committer::fail_all(batch, StoreError::Io(failed.clone()));
+        }
+        // Appends stay in the log's allocated space: a full file system never fails
+        // one, so a delete or trim always gets logged.
+        let log = &self.logs[0];
+        if log.position + Committer::batch_bytes(batch) > log.allocated
+            && log.position > wal::HEADER_BYTES
+        {
+            if let Err(e) = self.checkpoint() {
+                tracing::error!("checkpoint failed: {e}");
+                return Committer::fail_all(batch, e);
+            }
         }
         if let Err(e) = self.append(batch) {
             // Nothing of the batch was acknowledged, but parts of it may be on disk

@@ -10,6 +10,7 @@ use crate::journal::{JournalDir, Journals};
 use crate::layout;
 use crate::meta::{self, ChunkMeta};
 use crate::replay;
+use crate::space::{self, Reservation, Space, SpaceReport};
 use crate::wal::{Kind, RecordHeader};
 use bytes::{Bytes, BytesMut};
 use floe_protocol::ChunkId;
@@ -76,6 +77,7 @@ impl Default for Tuning {
 pub struct Store {
     files: Arc<Files>,
     queue: Arc<Queue>,
+    space: Arc<Space>,
 }
 
 impl Store {
@@ -118,6 +120,8 @@ impl Store {
                 local_journal.display()
             )));
         }
+        let space = Space::new(disk.clone(), dir)?;
+        let wal_quota = space.log_quota(tuning.wal_checkpoint_bytes)?;
         let metas = meta::load(&*disk, &dir.join(layout::META))?;
         if !tuning.check_reads {
             tracing::warn!("{BENCH_UNCHECKED_READS} is set: reads skip the block checksums");
@@ -129,11 +133,7 @@ impl Store {
             if disk.exists(&wal)? {
                 // Drain a log from a run without journals into the chunk files first.
                 let shared = Arc::new(files);
-                drop(Committer::open_direct(
-                    &wal,
-                    shared.clone(),
-                    tuning.wal_checkpoint_bytes,
-                )?);
+                drop(Committer::open_direct(&wal, shared.clone(), wal_quota)?);
                 disk.remove_file(&wal)?;
                 files = Arc::try_unwrap(shared)
                     .unwrap_or_else(|_| unreachable!("the draining log was dropped"));
@@ -152,7 +152,7 @@ impl Store {
             }
             committer
         } else {
-            Committer::open_direct(&wal, Arc::new(files), tuning.wal_checkpoint_bytes)?
+            Committer::open_direct(&wal, Arc::new(files), wal_quota)?
         };
         // Entries made above, a first open's, and the removal of a drained log.
         disk::sync_dir_and_parents(&*disk, &layout::chunks_dir(dir))?;
@@ -161,11 +161,44 @@ impl Store {
         }
         let files = committer.files.clone();
         tokio::spawn(committer.run(queue.clone()));
-        Ok(Store { files, queue })
+        Ok(Store {
+            files,
+            queue,
+            space,
+        })
+    }
+
+    /// Reserves the space a write of `length` bytes at `offset` may allocate, before
+    /// the replica takes the write's version: `NoSpace` if it does not fit.
+    pub fn reserve_write(&self, offset: u64, length: u64) -> Result<Reservation, StoreError> {
+        check_range(offset, length)?;
+        self.space
+            .reserve(space::write_needs(offset, length), self.journal_backlog())
+    }
+
+    /// [`Store::reserve_write`] for zeroing a range: a punch frees space and needs
+    /// none; zeroing that keeps the range allocated may need all of it.
+    pub fn reserve_zero(
+        &self,
+        offset: u64,
+        length: u64,
+        punch: bool,
+    ) -> Result<Reservation, StoreError> {
+        if punch {
+            check_range(offset, length)?;
+            return Ok(Reservation::none());
+        }
+        self.reserve_write(offset, length)
+    }
+
+    /// The data directory's file system as the master is told about it.
+    pub fn space_report(&self) -> Result<SpaceReport, StoreError> {
+        self.space.report(self.journal_backlog())
     }
 
     /// Writes `data` at `offset`, leaving the chunk in state `meta`; resolves once
     /// durable. Changes to one chunk are logged and applied in submission order.
+    /// `NoSpace` before anything is logged if the data does not fit.
     pub async fn write(
         &self,
         chunk: ChunkId,
@@ -173,8 +206,22 @@ impl Store {
         data: Bytes,
         meta: ChunkMeta,
     ) -> Result<(), StoreError> {
+        let reservation = self.reserve_write(offset, data.len() as u64)?;
+        self.write_reserved(reservation, chunk, offset, data, meta)
+            .await
+    }
+
+    /// [`Store::write`] into space reserved by [`Store::reserve_write`].
+    pub async fn write_reserved(
+        &self,
+        reservation: Reservation,
+        chunk: ChunkId,
+        offset: u64,
+        data: Bytes,
+        meta: ChunkMeta,
+    ) -> Result<(), StoreError> {
         let length = data.len() as u64;
-        self.submit(Kind::Write, chunk, offset, length, meta, data)
+        self.submit(Kind::Write, chunk, offset, length, meta, data, reservation)
             .await
     }
 
@@ -187,15 +234,38 @@ impl Store {
         punch: bool,
         meta: ChunkMeta,
     ) -> Result<(), StoreError> {
+        let reservation = self.reserve_zero(offset, length, punch)?;
+        self.zero_reserved(reservation, chunk, offset, length, punch, meta)
+            .await
+    }
+
+    /// [`Store::zero`] into space reserved by [`Store::reserve_zero`].
+    pub async fn zero_reserved(
+        &self,
+        reservation: Reservation,
+        chunk: ChunkId,
+        offset: u64,
+        length: u64,
+        punch: bool,
+        meta: ChunkMeta,
+    ) -> Result<(), StoreError> {
         let kind = if punch { Kind::Punch } else { Kind::Zero };
-        self.submit(kind, chunk, offset, length, meta, Bytes::new())
+        self.submit(kind, chunk, offset, length, meta, Bytes::new(), reservation)
             .await
     }
 
     /// Sets the chunk's view and version only. Resolves once durable.
     pub async fn set_meta(&self, chunk: ChunkId, meta: ChunkMeta) -> Result<(), StoreError> {
-        self.submit(Kind::Stamp, chunk, 0, 0, meta, Bytes::new())
-            .await
+        self.submit(
+            Kind::Stamp,
+            chunk,
+            0,
+            0,
+            meta,
+            Bytes::new(),
+            Reservation::none(),
+        )
+        .await
     }
 
     /// The chunk's durable view and version (zeroes for a chunk never written).
@@ -222,10 +292,12 @@ impl Store {
             0,
             ChunkMeta::default(),
             Bytes::new(),
+            Reservation::none(),
         )
         .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn submit(
         &self,
         kind: Kind,
@@ -234,6 +306,7 @@ impl Store {
         length: u64,
         meta: ChunkMeta,
         data: Bytes,
+        reservation: Reservation,
     ) -> Result<(), StoreError> {
         if kind != Kind::DeleteVolume {
             check_range(offset, length)?;
@@ -248,11 +321,12 @@ impl Store {
             view: meta.view,
             version: meta.version,
         };
-        self.queue
-            .changes
-            .lock()
-            .unwrap()
-            .push(Change { header, data, done });
+        self.queue.changes.lock().unwrap().push(Change {
+            header,
+            data,
+            done,
+            _reservation: reservation,
+        });
         self.queue.wake.notify_one();
         result.await.map_err(|_| StoreError::ShutDown)?
     }

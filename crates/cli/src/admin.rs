@@ -4,8 +4,8 @@
 use crate::size;
 use floe_client::master::MasterClient;
 use floe_protocol::{
-    ChunkId, ClusterStatus, JournalUsage, MasterRequest, MasterResponse, QosLimits, ServerId,
-    Volume, VolumeSpec,
+    ChunkId, ClusterStatus, FsUsage, JournalUsage, MasterRequest, MasterResponse, QosLimits,
+    ServerId, ServerInfo, Volume, VolumeSpec,
 };
 use std::time::Duration;
 
@@ -209,21 +209,31 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
     hosts.sort_unstable();
     hosts.dedup();
     let up = status.servers.iter().filter(|s| s.up).count();
-    let capacity: u64 = status.servers.iter().map(|s| s.capacity_bytes).sum();
+    let file_systems = file_systems(&status.servers);
+    let capacity: u64 = file_systems.iter().map(|f| f.total_bytes()).sum();
+    let free: u64 = file_systems.iter().map(|f| f.free_bytes()).sum();
     let used: u64 = status.servers.iter().map(|s| s.used_bytes).sum();
     println!(
-        "cluster: {} hosts, {up}/{} chunk servers up, {} used of {}",
+        "cluster: {} hosts, {up}/{} chunk servers up, {} of chunk data, {} free of {} \
+         on {} file systems",
         hosts.len(),
         status.servers.len(),
         size::format(used),
-        size::format(capacity)
+        size::format(free),
+        size::format(capacity),
+        file_systems.len()
     );
+    for fs in &file_systems {
+        if let Some(warning) = fs.warning() {
+            println!("{warning}");
+        }
+    }
     println!();
     let journals: std::collections::HashMap<ServerId, JournalUsage> =
         status.qos.journals.iter().copied().collect();
     println!(
-        "{:<4} {:<12} {:<22} {:<14} {:<5} {:>10} {:>10} {:>18}",
-        "ID", "HOST", "ADDRESS", "CLASS", "STATE", "USED", "CAPACITY", "JOURNAL"
+        "{:<4} {:<12} {:<22} {:<14} {:<5} {:>10} {:>16} {:>18}",
+        "ID", "HOST", "ADDRESS", "CLASS", "STATE", "USED", "FILE SYSTEM", "JOURNAL"
     );
     for s in &status.servers {
         let journal = journals.get(&s.id).map_or("-".into(), |j| {
@@ -233,8 +243,11 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
                 size::format(j.quota_bytes)
             )
         });
+        let file_system = s.fs.map_or(size::format(s.capacity_bytes), |fs| {
+            format!("{}% of {}", fs.percent_used(), size::format(fs.total_bytes))
+        });
         println!(
-            "{:<4} {:<12} {:<22} {:<14} {:<5} {:>10} {:>10} {:>18}",
+            "{:<4} {:<12} {:<22} {:<14} {:<5} {:>10} {:>16} {:>18}",
             s.id,
             s.host,
             s.address,
@@ -247,7 +260,7 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
                 "DOWN"
             },
             size::format(s.used_bytes),
-            size::format(s.capacity_bytes),
+            file_system,
             journal
         );
     }
@@ -427,4 +440,70 @@ pub async fn mark_lost(master: &MasterClient, id: ServerId) -> Result<(), String
         .map_err(|e| format!("cannot mark chunk server {id} lost: {e}"))?;
     println!("chunk server {id} marked lost; its chunks are recovered from the surviving replicas");
     Ok(())
+}
+
+/// Percent of a file system in use from which `floe status` warns, and from which
+/// it says writes are about to fail.
+const WARN_PERCENT: u64 = 85;
+const CRITICAL_PERCENT: u64 = 95;
+
+/// The chunk servers sharing one file system (one host, one device), counted once.
+struct FileSystem<'a> {
+    servers: Vec<&'a ServerInfo>,
+}
+
+impl FileSystem<'_> {
+    fn usage(&self) -> Option<FsUsage> {
+        self.servers.iter().find_map(|s| s.fs)
+    }
+
+    /// Its size from heartbeats; the declared capacity of a server not heard yet.
+    fn total_bytes(&self) -> u64 {
+        self.usage()
+            .map_or(self.servers[0].capacity_bytes, |fs| fs.total_bytes)
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.usage().map_or(0, |fs| fs.free_bytes)
+    }
+
+    fn warning(&self) -> Option<String> {
+        let fs = self.usage()?;
+        let percent = fs.percent_used();
+        let short = self.servers.iter().any(|s| s.fs.is_some_and(|f| f.short));
+        if percent < WARN_PERCENT && !short {
+            return None;
+        }
+        let ids: Vec<String> = self.servers.iter().map(|s| s.id.to_string()).collect();
+        let mut line = format!(
+            "WARNING: the file system of chunk server {} on host {} is {percent}% full ({} free)",
+            ids.join(", "),
+            self.servers[0].host,
+            size::format(fs.free_bytes)
+        );
+        if percent >= CRITICAL_PERCENT || short {
+            line.push_str(
+                ": writes that need space there fail with ENOSPC; delete or trim volumes, \
+                 or add chunk servers",
+            );
+        }
+        Some(line)
+    }
+}
+
+/// The servers grouped by the file system they store on.
+fn file_systems(servers: &[ServerInfo]) -> Vec<FileSystem<'_>> {
+    let mut groups: Vec<((&str, Option<u64>), FileSystem)> = Vec::new();
+    for s in servers {
+        // A server not heard from yet is a file system of its own.
+        let key = (s.host.as_str(), s.fs.map(|fs| fs.device));
+        match groups
+            .iter_mut()
+            .find(|(k, _)| key.1.is_some() && *k == key)
+        {
+            Some((_, group)) => group.servers.push(s),
+            None => groups.push((key, FileSystem { servers: vec![s] })),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
 }

@@ -51,6 +51,10 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 const CLIENT_DIRECTED_BYTES_MAX: usize = 8 << 10;
 /// A server that failed a request is avoided for this long on other chunks too.
 const SUSPECT_FOR: Duration = Duration::from_secs(10);
+/// A server that refused a change for space is taken to be short of it this long.
+const SHORT_FOR: Duration = Duration::from_secs(5);
+/// A chunk that cannot commit for want of space looks for repairs this often.
+const SHORT_REFRESH: Duration = Duration::from_secs(1);
 
 /// Where a chunk request goes.
 struct Replicas {
@@ -93,6 +97,12 @@ pub struct ReplicatedChunks {
     placer: Mutex<Option<Arc<Placer>>>,
     /// Servers that recently failed a request, and when.
     suspects: Mutex<HashMap<ServerId, Instant>>,
+    /// Servers short of space: those that refused a change for it here, and when;
+    /// and those the master last said were.
+    refused_for_space: Mutex<HashMap<ServerId, Instant>>,
+    short_per_master: Mutex<HashSet<ServerId>>,
+    /// When the volume map was last read.
+    refreshed_at: Mutex<Option<Instant>>,
     pool: ConnectionPool,
 }
 
@@ -138,6 +148,30 @@ fn is_transport(e: &CallError) -> bool {
     matches!(e, CallError::Connect { .. } | CallError::Closed(_))
 }
 
+/// A replica that refused a change for space: it does not hold the change.
+fn refused_for_space(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Lagging(CallError::Remote {
+            status: Status::NoSpace,
+            ..
+        })
+    )
+}
+
+/// What a writer sends in place of a change every replica refused for space: a
+/// write of nothing, at the change's version, so the changes stamped after it still
+/// follow on every replica.
+fn no_op(chunk: ChunkId, stamp: Stamp) -> Request {
+    Request::Write {
+        chunk,
+        stamp,
+        offset: 0,
+        forward: Vec::new(),
+        data: Bytes::new(),
+    }
+}
+
 impl ReplicatedChunks {
     pub fn new(master: Arc<MasterClient>, map: VolumeMap, lease: Option<Lease>) -> Self {
         let chunks = ReplicatedChunks {
@@ -152,6 +186,9 @@ impl ReplicatedChunks {
             unavailable: Mutex::default(),
             placer: Mutex::default(),
             suspects: Mutex::default(),
+            refused_for_space: Mutex::default(),
+            short_per_master: Mutex::default(),
+            refreshed_at: Mutex::default(),
         };
         chunks.absorb_map(map);
         chunks
@@ -163,6 +200,12 @@ impl ReplicatedChunks {
             .servers
             .iter()
             .filter(|s| !s.up || s.lost)
+            .map(|s| s.id)
+            .collect();
+        *self.short_per_master.lock().unwrap() = map
+            .servers
+            .iter()
+            .filter(|s| s.fs.is_some_and(|fs| fs.short))
             .map(|s| s.id)
             .collect();
         self.absorb_cluster(&map.cluster);
@@ -305,8 +348,62 @@ impl ReplicatedChunks {
         Ok(())
     }
 
+    fn short_of_space(&self, id: ServerId) -> bool {
+        self.short_per_master.lock().unwrap().contains(&id)
+            || self
+                .refused_for_space
+                .lock()
+                .unwrap()
+                .get(&id)
+                .is_some_and(|t| t.elapsed() < SHORT_FOR)
+    }
+
+    /// Why no change to chunk `index` can commit for want of space: fewer than a
+    /// majority of its replicas are current, and servers short of space hold the
+    /// rest (the master repairs them once they have room).
+    fn blocked_for_space(&self, index: u64) -> Option<String> {
+        let chunks = self.chunks.lock().unwrap();
+        let chunk = chunks.get(&index)?;
+        let replicas = &chunk.placement.replicas;
+        let current = replicas.iter().filter(|id| chunk.good(id)).count();
+        if current > replicas.len() / 2 {
+            return None;
+        }
+        let full: Vec<ServerId> = replicas
+            .iter()
+            .copied()
+            .filter(|id| !chunk.good(id) && self.short_of_space(*id))
+            .collect();
+        (!full.is_empty()).then(|| {
+            format!(
+                "chunk {index}: {current} of its {} replicas are current, and servers \
+                 {full:?} holding the others are out of space",
+                replicas.len()
+            )
+        })
+    }
+
+    /// Fails a change at once, before it takes a version, while the chunk cannot
+    /// commit for want of space; looks for repairs at most once a [`SHORT_REFRESH`].
+    async fn refuse_while_blocked(&self, index: u64) -> Result<(), IoError> {
+        if self.blocked_for_space(index).is_none() {
+            return Ok(());
+        }
+        let due = self
+            .refreshed_at
+            .lock()
+            .unwrap()
+            .is_none_or(|t| t.elapsed() >= SHORT_REFRESH);
+        if due {
+            self.refresh().await;
+        }
+        self.blocked_for_space(index)
+            .map_or(Ok(()), |why| Err(IoError::NoSpace(why)))
+    }
+
     /// Re-reads the volume map from the master.
     async fn refresh(&self) {
+        *self.refreshed_at.lock().unwrap() = Some(Instant::now());
         match self.master.volume_map(&self.volume_name).await {
             Ok(map) => self.absorb_map(map),
             Err(e) => tracing::warn!("cannot refresh the volume map: {e}"),
@@ -401,8 +498,15 @@ impl ReplicatedChunks {
                     )),
                 }
             }
-            if versions.len() >= majority {
-                let top = versions.iter().map(|v| v.1).max().expect("a majority");
+            // Every replica the master does not hold stale answering does too: a
+            // writer reports a replica it leaves behind before it acknowledges a
+            // change without it, so those hold every acknowledged change.
+            let current = self.chunks.lock().unwrap().get(&index).map_or(0, |c| {
+                let p = &c.placement;
+                p.replicas.iter().filter(|id| !p.stale.contains(id)).count()
+            });
+            if versions.len() >= majority || (!versions.is_empty() && versions.len() == current) {
+                let top = versions.iter().map(|v| v.1).max().expect("an answer");
                 let learned = |chunks: &HashMap<u64, Chunk>| chunks[&index].last.is_some();
                 if learned(&self.chunks.lock().unwrap()) {
                     // Another request learned it first and may have written since:
@@ -452,6 +556,7 @@ impl ReplicatedChunks {
         let lease = self.lease.as_ref().ok_or(IoError::ReadOnly)?;
         lease.check()?;
         self.learn_version(index).await?;
+        self.refuse_while_blocked(index).await?;
         let mut stamp = {
             let mut chunks = self.chunks.lock().unwrap();
             let chunk = chunks.get_mut(&index).expect("allocated");
@@ -466,6 +571,10 @@ impl ReplicatedChunks {
         };
         let in_flight = lease.change_in_flight();
         let deadline = Instant::now() + REQUEST_DEADLINE;
+        // Set once every replica refused the change for space: why, and the no-op
+        // sent in its place (see [`no_op`]).
+        let mut refused: Option<String> = None;
+        let chunk_id = self.chunk_id(index);
         loop {
             // Nothing is sent once the lease may have run out, resends included:
             // another gateway may hold the volume, and chunk servers hear of its
@@ -481,7 +590,7 @@ impl ReplicatedChunks {
             } = self.replicas(index).expect("allocated");
             stamp.view = view;
             let mut outcomes = Vec::new();
-            if bytes > CLIENT_DIRECTED_BYTES_MAX && good.len() > 1 {
+            if refused.is_none() && bytes > CLIENT_DIRECTED_BYTES_MAX && good.len() > 1 {
                 let forward = good[1..].iter().map(|(_, a)| a.clone()).collect();
                 let primary = &good[0].1;
                 let reply = self
@@ -493,7 +602,10 @@ impl ReplicatedChunks {
                 }
             }
             if outcomes.is_empty() {
-                let request = make(stamp, Vec::new());
+                let request = match refused {
+                    Some(_) => no_op(chunk_id, stamp),
+                    None => make(stamp, Vec::new()),
+                };
                 let replies = futures::future::join_all(good.iter().map(|(_, address)| {
                     self.pool
                         .call_within(address, request.clone(), REPLICA_TIMEOUT)
@@ -539,7 +651,45 @@ impl ReplicatedChunks {
                 in_flight.settled();
                 // Not acknowledged once the lease may have run out: another gateway
                 // may hold the volume by now, and its writes must follow all of ours.
-                return lease.check();
+                lease.check()?;
+                return refused.map_or(Ok(()), |why| Err(IoError::NoSpace(why)));
+            }
+            let short: Vec<ServerId> = outcomes
+                .iter()
+                .filter(|(_, o)| refused_for_space(o))
+                .map(|(id, _)| *id)
+                .collect();
+            if !short.is_empty() {
+                let now = Instant::now();
+                let mut marks = self.refused_for_space.lock().unwrap();
+                marks.extend(short.iter().map(|id| (*id, now)));
+            }
+            let why = || {
+                outcomes
+                    .iter()
+                    .find_map(|(_, o)| match o {
+                        Outcome::Lagging(e) if refused_for_space(o) => Some(e.to_string()),
+                        _ => None,
+                    })
+                    .unwrap_or_default()
+            };
+            if !short.is_empty() && short.len() == outcomes.len() && refused.is_none() {
+                // No replica holds the change: it becomes a no-op, and fails.
+                refused = Some(why());
+                continue;
+            }
+            if !short.is_empty() && short.len() + done == outcomes.len() {
+                // Those that refused lack the change and the others hold it: the
+                // refusers are left behind (the master repairs them once they have
+                // room), and the write fails as it would have on a full disk.
+                let message = why();
+                for (id, o) in outcomes {
+                    if let Outcome::Lagging(e) = o {
+                        self.leave_behind(index, id, &e).await;
+                    }
+                }
+                in_flight.settled();
+                return Err(IoError::NoSpace(message));
             }
             for (id, o) in outcomes {
                 if let Outcome::Lagging(e) = o {
@@ -557,6 +707,9 @@ impl ReplicatedChunks {
             }
             tokio::time::sleep(RETRY_PAUSE).await;
             self.refresh().await;
+            if let Some(why) = self.blocked_for_space(index) {
+                return Err(IoError::NoSpace(why));
+            }
         }
     }
 }

@@ -154,13 +154,14 @@ impl Master {
                 journal_used_bytes,
                 journal_quota_bytes,
                 corrupt_blocks,
+                fs,
             } => {
                 let journal = JournalUsage {
                     used_bytes: journal_used_bytes,
                     quota_bytes: journal_quota_bytes,
                 };
                 self.report_corrupt(id, &corrupt_blocks);
-                self.heartbeat(id, used_bytes, journal, corrupt_blocks.len() as u64)
+                self.heartbeat(id, used_bytes, journal, corrupt_blocks.len() as u64, fs)
             }
             R::MarkLost { id } => self.mark_lost(id).await,
             R::CreateVolume(spec) => self.create_volume(spec).await,

@@ -90,7 +90,20 @@ impl State {
             index: placement.index,
         };
         let placer = &self.map.placer;
-        recovery::desired(placer, &self.servers, chunk, placement.layer, &volume.spec)
+        let current: Vec<ServerId> = placement
+            .replicas
+            .iter()
+            .copied()
+            .filter(|id| !placement.stale.contains(id))
+            .collect();
+        recovery::desired(
+            placer,
+            &self.servers,
+            chunk,
+            placement.layer,
+            &volume.spec,
+            &current,
+        )
     }
 }
 

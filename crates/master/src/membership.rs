@@ -6,7 +6,9 @@
 
 use crate::state::{put, server_key, State};
 use crate::{Failure, Master, Reply};
-use floe_protocol::{JournalUsage, MasterResponse, Registration, ServerId, ServerInfo, Status};
+use floe_protocol::{
+    FsUsage, JournalUsage, MasterResponse, Registration, ServerId, ServerInfo, Status,
+};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -100,6 +102,7 @@ impl Master {
                         up: true,
                         corrupt_blocks: 0,
                         lost: false,
+                        fs: None,
                     };
                     let mut ops = vec![put(server_key(id), &server)];
                     ops.extend(new_id.map(|n| put("counter/server".into(), &n)));
@@ -133,6 +136,7 @@ impl Master {
         used_bytes: u64,
         journal: JournalUsage,
         corrupt_blocks: u64,
+        fs: Option<FsUsage>,
     ) -> Reply {
         let mut state = self.state();
         let server = state
@@ -140,6 +144,16 @@ impl Master {
             .get_mut(&id)
             .ok_or_else(|| not_registered(id))?;
         server.used_bytes = used_bytes;
+        if let Some(fs) = fs {
+            if fs.short && !server.fs.is_some_and(|f| f.short) {
+                tracing::warn!(
+                    id,
+                    free_bytes = fs.free_bytes,
+                    "chunk server is short of space: new copies go elsewhere"
+                );
+            }
+            server.fs = Some(fs);
+        }
         server.corrupt_blocks += corrupt_blocks;
         server.up = true;
         state.last_heartbeat.insert(id, Instant::now());

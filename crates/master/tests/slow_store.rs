@@ -85,6 +85,7 @@ fn heartbeat(id: u32) -> MasterRequest {
         journal_used_bytes: 0,
         journal_quota_bytes: 0,
         corrupt_blocks: Vec::new(),
+        fs: None,
     }
 }
 

@@ -106,6 +106,8 @@ pub enum MasterRequest {
         /// master heals them from good replicas.
         #[serde(default)]
         corrupt_blocks: Vec<(ChunkId, u64)>,
+        #[serde(default)]
+        fs: Option<FsUsage>,
     },
     CreateVolume(VolumeSpec),
     ListVolumes,

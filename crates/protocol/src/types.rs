@@ -66,6 +66,31 @@ pub struct ServerInfo {
     /// Blocks this server found failing their checksums since the master started.
     #[serde(default)]
     pub corrupt_blocks: u64,
+    /// Its data directory's file system, from its last heartbeat; not stored.
+    #[serde(default)]
+    pub fs: Option<FsUsage>,
+}
+
+/// A chunk server's file system as its heartbeats report it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsUsage {
+    /// Tells file systems apart on one host: servers sharing one report the same.
+    pub device: u64,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// What new writes may still take: free space less what writes in flight and
+    /// journaled data hold, and less the floor kept for deletes and trims.
+    pub writable_bytes: u64,
+    /// It refused a write for space lately, or little is left: new copies go
+    /// elsewhere.
+    pub short: bool,
+}
+
+impl FsUsage {
+    /// Percent of the file system in use.
+    pub fn percent_used(&self) -> u64 {
+        (self.total_bytes - self.free_bytes.min(self.total_bytes)) * 100 / self.total_bytes.max(1)
+    }
 }
 
 impl ServerInfo {

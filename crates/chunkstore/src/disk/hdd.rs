@@ -13,7 +13,7 @@
 //! answers, the replay worker after each piece), so an event loop awaits it instead
 //! of blocking.
 
-use super::{Disk, DiskFile, FileRef};
+use super::{Disk, DiskFile, FileRef, FsSpace};
 use crate::layout::{self, CHUNK_BYTES_MAX};
 use floe_protocol::ChunkId;
 use std::cell::Cell;
@@ -208,6 +208,10 @@ impl Disk for HddDisk {
     fn allocated_bytes(&self, path: &Path) -> io::Result<u64> {
         self.inner.allocated_bytes(path)
     }
+
+    fn space(&self, path: &Path) -> io::Result<FsSpace> {
+        self.inner.space(path)
+    }
 }
 
 struct HddFile {
@@ -252,6 +256,10 @@ impl DiskFile for HddFile {
 
     fn set_len(&self, length: u64) -> io::Result<()> {
         self.inner.set_len(length)
+    }
+
+    fn allocate(&self, length: u64) -> io::Result<()> {
+        self.inner.allocate(length)
     }
 
     fn size(&self) -> io::Result<u64> {

@@ -42,6 +42,18 @@ pub trait Disk: Send + Sync {
     fn read_dir(&self, path: &Path) -> io::Result<Vec<String>>;
     /// Bytes a file occupies on the device (allocated blocks).
     fn allocated_bytes(&self, path: &Path) -> io::Result<u64>;
+    /// The file system holding `path`: its size, what is free, and which it is.
+    fn space(&self, path: &Path) -> io::Result<FsSpace>;
+}
+
+/// A file system's size and free space, as `statvfs` reports them to an
+/// unprivileged writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsSpace {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Tells file systems apart: chunk servers sharing one report the same.
+    pub device: u64,
 }
 
 /// Operations on an open file. Positioned I/O only: handles are shared by threads.
@@ -55,6 +67,9 @@ pub trait DiskFile: Send + Sync {
     /// the space, otherwise it stays allocated.
     fn zero_range(&self, offset: u64, length: u64, punch: bool) -> io::Result<()>;
     fn set_len(&self, length: u64) -> io::Result<()>;
+    /// Allocates the first `length` bytes (growing the file to at least that size),
+    /// so writes below it never fail for space. Data already there is kept.
+    fn allocate(&self, length: u64) -> io::Result<()>;
     /// The file size in bytes.
     fn size(&self) -> io::Result<u64>;
     /// The ranges that hold data (SEEK_DATA / SEEK_HOLE), as (offset, length), sorted.

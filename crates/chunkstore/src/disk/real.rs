@@ -1,9 +1,10 @@
 //! The host's file system: each operation is the syscall the store made before the
 //! disk seam existed.
 
-use super::{Disk, DiskFile, FileRef};
+use super::{Disk, DiskFile, FileRef, FsSpace};
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -60,6 +61,23 @@ impl Disk for RealDisk {
     fn allocated_bytes(&self, path: &Path) -> io::Result<u64> {
         Ok(std::fs::metadata(path)?.blocks() * 512)
     }
+
+    fn space(&self, path: &Path) -> io::Result<FsSpace> {
+        let device = std::fs::metadata(path)?.dev();
+        let name = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(ErrorKind::InvalidInput, e))?;
+        // SAFETY: `name` is a NUL-terminated path; `stat` is written by the call.
+        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(name.as_ptr(), &mut stat) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let unit = stat.f_frsize as u64;
+        Ok(FsSpace {
+            total_bytes: stat.f_blocks as u64 * unit,
+            free_bytes: stat.f_bavail as u64 * unit,
+            device,
+        })
+    }
 }
 
 impl DiskFile for File {
@@ -112,6 +130,28 @@ impl DiskFile for File {
 
     fn set_len(&self, length: u64) -> io::Result<()> {
         File::set_len(self, length)
+    }
+
+    fn allocate(&self, length: u64) -> io::Result<()> {
+        // SAFETY: plain syscall on an open descriptor; no memory is passed.
+        let rc = unsafe { libc::fallocate(self.as_raw_fd(), 0, 0, length as libc::off_t) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+            return Err(e);
+        }
+        // No fallocate here: at least the size, written as zeroes where it grows.
+        let size = self.metadata()?.len();
+        let zeroes = vec![0u8; 1 << 20];
+        let mut at = size;
+        while at < length {
+            let n = (length - at).min(zeroes.len() as u64) as usize;
+            FileExt::write_all_at(self, &zeroes[..n], at)?;
+            at += n as u64;
+        }
+        Ok(())
     }
 
     fn size(&self) -> io::Result<u64> {

@@ -16,7 +16,7 @@
 //! maps and the randomness comes from the seed alone.
 
 use super::hdd::splitmix64;
-use super::{Disk, DiskFile, FileRef};
+use super::{Disk, DiskFile, FileRef, FsSpace};
 use std::collections::BTreeMap;
 use std::io::{self, ErrorKind};
 use std::path::{Component, Path};
@@ -26,6 +26,8 @@ const PAGE_BYTES: u64 = 4096;
 /// The unit a power cut tears writes at.
 const SECTOR_BYTES: u64 = 512;
 const ROOT: u64 = 0;
+/// The simulated file system's size unless [`SimDisk::set_capacity`] says otherwise.
+const CAPACITY_BYTES: u64 = 1 << 40;
 
 type Page = Box<[u8; PAGE_BYTES as usize]>;
 
@@ -160,9 +162,30 @@ struct Inode {
     durable_len: Option<u64>,
     /// Changes since the last sync, in order.
     unsynced: Vec<Change>,
+    /// Bytes allocated up front ([`DiskFile::allocate`]): writes below take no space.
+    allocated: u64,
 }
 
 impl Inode {
+    /// Space the file takes: what was allocated up front, and pages past it.
+    fn used_bytes(&self) -> u64 {
+        let past = self
+            .content
+            .pages
+            .range(self.allocated / PAGE_BYTES..)
+            .count() as u64;
+        self.allocated + past * PAGE_BYTES
+    }
+
+    /// Pages a write would add past the allocated part.
+    fn new_pages(&self, offset: u64, length: u64) -> u64 {
+        let first = (offset / PAGE_BYTES).max(self.allocated.div_ceil(PAGE_BYTES));
+        let end = (offset + length).div_ceil(PAGE_BYTES);
+        (first..end)
+            .filter(|page| !self.content.pages.contains_key(page))
+            .count() as u64
+    }
+
     fn change(&mut self, change: Change) {
         for page in self.content.touched(&change) {
             let old = self.content.pages.get(&page).cloned();
@@ -286,6 +309,7 @@ struct State {
     changes_left: Option<u64>,
     /// Changes made since the disk was created.
     changes: u64,
+    capacity: u64,
 }
 
 /// A simulated disk; clones share it (the same physical disk across a restart).
@@ -368,6 +392,30 @@ impl State {
         }
     }
 
+    /// Space the files an entry reaches take (a removed file's space comes back at
+    /// once: the store keeps no handle to what it removes).
+    fn used_bytes(&self) -> u64 {
+        let mut dirs = vec![ROOT];
+        let mut used = 0;
+        while let Some(dir) = dirs.pop() {
+            for node in self.dirs[&dir].entries.values() {
+                match *node {
+                    Node::Dir(d) => dirs.push(d),
+                    Node::File(f) => used += self.files[&f].used_bytes(),
+                }
+            }
+        }
+        used
+    }
+
+    /// Fails with ENOSPC unless `bytes` more fit.
+    fn take(&self, bytes: u64) -> io::Result<()> {
+        if self.used_bytes() + bytes > self.capacity {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        Ok(())
+    }
+
     /// Counts a change to the disk; fails once the disk stopped taking them.
     fn change(&mut self) -> io::Result<()> {
         if self.changes_left == Some(0) {
@@ -432,8 +480,15 @@ impl SimDisk {
                 files: BTreeMap::new(),
                 changes_left: None,
                 changes: 0,
+                capacity: CAPACITY_BYTES,
             })),
         }
+    }
+
+    /// Makes the file system this size: writes that would take more fail with
+    /// ENOSPC, as a full disk's do.
+    pub fn set_capacity(&self, bytes: u64) {
+        self.state.lock().unwrap().capacity = bytes;
     }
 
     /// The disk as one process sees it, to open a store on: it and every file opened
@@ -624,6 +679,15 @@ impl Disk for Mount {
             _ => Err(not_found(path)),
         }
     }
+
+    fn space(&self, _path: &Path) -> io::Result<FsSpace> {
+        let state = self.lock()?;
+        Ok(FsSpace {
+            total_bytes: state.capacity,
+            free_bytes: state.capacity.saturating_sub(state.used_bytes()),
+            device: 0,
+        })
+    }
 }
 
 impl Mount {
@@ -683,6 +747,11 @@ impl DiskFile for SimFile {
     }
 
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        {
+            let state = lock(&self.state, self.generation)?;
+            let pages = state.files[&self.inode].new_pages(offset, data.len() as u64);
+            state.take(pages * PAGE_BYTES)?;
+        }
         self.change(Change::Write {
             offset,
             data: data.to_vec(),
@@ -702,6 +771,27 @@ impl DiskFile for SimFile {
 
     fn set_len(&self, length: u64) -> io::Result<()> {
         self.change(Change::SetLen(length))
+    }
+
+    /// Counted as taken at once (pages are kept only once written, to spare memory).
+    fn allocate(&self, length: u64) -> io::Result<()> {
+        {
+            let mut state = lock(&self.state, self.generation)?;
+            let inode = &state.files[&self.inode];
+            let more = length.saturating_sub(inode.allocated);
+            let written_past = inode
+                .content
+                .pages
+                .range(inode.allocated / PAGE_BYTES..length.div_ceil(PAGE_BYTES))
+                .count() as u64;
+            state.take(more.saturating_sub(written_past * PAGE_BYTES))?;
+            let inode = state.files.get_mut(&self.inode).expect("open file");
+            inode.allocated = inode.allocated.max(length);
+        }
+        if self.size()? < length {
+            self.change(Change::SetLen(length))?;
+        }
+        Ok(())
     }
 
     fn size(&self) -> io::Result<u64> {

@@ -293,6 +293,7 @@ async fn heartbeat(master: &MasterClient, ids: &[ServerId], full: ServerId, jour
                 journal_used_bytes: used,
                 journal_quota_bytes: quota,
                 corrupt_blocks: Vec::new(),
+                fs: None,
             },
         )
         .await;

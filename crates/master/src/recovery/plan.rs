@@ -83,19 +83,40 @@ pub(crate) fn health(placement: &ChunkPlacement, servers: &Servers) -> Health {
 }
 
 /// Where the map places a chunk created in `layer` now, around servers that are down
-/// or lost: primary first, on distinct hosts, the volume's classes preferred.
+/// or lost: primary first, on distinct hosts, the volume's classes preferred. A
+/// server short of space takes no new copy: it keeps only the current replicas in
+/// `keep` (moving those off would make a server that fills empty itself, then fill
+/// again), and the map fills in from servers it did not draw.
 pub(crate) fn desired(
     placer: &Placer,
     servers: &Servers,
     chunk: ChunkId,
     layer: u8,
     spec: &VolumeSpec,
+    keep: &[ServerId],
 ) -> Result<Vec<ServerId>, Failure> {
+    let short = |id: ServerId| {
+        !keep.contains(&id)
+            && servers
+                .get(&id)
+                .is_some_and(|s| s.fs.is_some_and(|fs| fs.short))
+    };
     placer
         .place(chunk, layer, spec.mode, spec.replicas as usize, &|id| {
-            !up(servers, id)
+            !up(servers, id) || short(id)
         })
-        .map_err(|e| (Status::NoSpace, e.to_string()))
+        .map_err(|e| {
+            let mut full: Vec<ServerId> = servers.keys().copied().filter(|id| short(*id)).collect();
+            full.sort_unstable();
+            if full.is_empty() {
+                (Status::NoSpace, e.to_string())
+            } else {
+                (
+                    Status::NoSpace,
+                    format!("waiting for space: servers {full:?} are short of it ({e})"),
+                )
+            }
+        })
 }
 
 /// Who takes part in a view change.
@@ -274,7 +295,9 @@ pub(crate) fn switch(plan: &Plan, view: u64, reports: &Reports) -> Result<Switch
 #[cfg(test)]
 mod tests {
     use super::*;
-    use floe_protocol::{ClusterMap, DeviceClass, MapChange, MapDevice, PlacementMode, VolumeMode};
+    use floe_protocol::{
+        ClusterMap, DeviceClass, FsUsage, MapChange, MapDevice, PlacementMode, VolumeMode,
+    };
 
     const HOSTS: [&str; 4] = ["a", "b", "c", "d"];
 
@@ -323,6 +346,7 @@ mod tests {
                         up: true,
                         lost: false,
                         corrupt_blocks: 0,
+                        fs: None,
                     };
                     (d.id, server)
                 })
@@ -342,7 +366,23 @@ mod tests {
             self.servers.get_mut(&id).unwrap().lost = true;
         }
 
+        fn short_of_space(&mut self, id: ServerId) {
+            self.servers.get_mut(&id).unwrap().fs = Some(FsUsage {
+                short: true,
+                ..FsUsage::default()
+            });
+        }
+
         fn desired(&self, index: u64, mode: VolumeMode) -> Vec<ServerId> {
+            self.desired_keeping(index, mode, &[]).unwrap()
+        }
+
+        fn desired_keeping(
+            &self,
+            index: u64,
+            mode: VolumeMode,
+            keep: &[ServerId],
+        ) -> Result<Vec<ServerId>, Failure> {
             let spec = VolumeSpec {
                 name: "v".into(),
                 size_bytes: 1 << 30,
@@ -356,7 +396,7 @@ mod tests {
                 volume_id: 1,
                 index,
             };
-            desired(&self.placer, &self.servers, chunk, 0, &spec).unwrap()
+            desired(&self.placer, &self.servers, chunk, 0, &spec, keep)
         }
 
         /// A hybrid chunk where the map placed it while every server was up.
@@ -512,6 +552,33 @@ mod tests {
             copy_from(&plan, &placement, &silent),
             Err(Stop::Retry(_))
         ));
+    }
+
+    #[test]
+    fn a_server_short_of_space_keeps_its_replicas_and_takes_no_new_copy() {
+        let mut cluster = Cluster::new();
+        let placement = cluster.chunk(7);
+        let full = placement.replicas[1];
+        cluster.short_of_space(full);
+        // Its current replica stays: no chunk moves off a server because it filled.
+        let kept = cluster
+            .desired_keeping(7, VolumeMode::Hybrid, &placement.replicas)
+            .unwrap();
+        assert_eq!(kept, placement.replicas);
+        // A new chunk, or a stale replica there, goes to a server the map did not draw.
+        let fresh = cluster.desired(7, VolumeMode::Hybrid);
+        assert!(!fresh.contains(&full), "{fresh:?} avoids {full}");
+        assert_eq!(cluster.hosts(&fresh), 3);
+        assert_eq!(minus(&placement.replicas, &fresh), vec![full]);
+        // With every server short, nothing can be placed: the copy waits, and says so.
+        for id in cluster.servers.keys().copied().collect::<Vec<_>>() {
+            cluster.short_of_space(id);
+        }
+        let (status, message) = cluster
+            .desired_keeping(7, VolumeMode::Hybrid, &[])
+            .unwrap_err();
+        assert_eq!(status, Status::NoSpace);
+        assert!(message.starts_with("waiting for space"), "{message}");
     }
 
     #[test]

@@ -1,0 +1,180 @@
+//! Space on the data directory's file system, accounted before anything is written.
+//!
+//! A change that may allocate space reserves it before the replica takes its version
+//! (see [`crate::Store::reserve_write`]): a full file system refuses the change up
+//! front with [`StoreError::NoSpace`], the replica untouched, instead of failing it
+//! after it was logged (which would leave the replica missing a change it claims).
+//! Reservations are held until the change is in the chunk file; journaled data not
+//! yet replayed counts as held too, since replay will need room for it.
+//!
+//! A floor is never reserved: what frees space or must not fail when the disk is
+//! full runs in it (deletes, trims, checkpoints, checksum-file updates).
+
+use crate::block_sums::BLOCK_BYTES;
+use crate::disk::{Disk, FsSpace};
+use crate::error::StoreError;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The floor: this share of the file system, within the bounds below.
+const FLOOR_SHARE: u64 = 64;
+const FLOOR_MIN: u64 = 4 << 20;
+const FLOOR_MAX: u64 = 1 << 30;
+/// A server that refused a reservation this recently reports itself short of space.
+const SHORT_FOR: Duration = Duration::from_secs(10);
+
+pub(crate) struct Space {
+    disk: Arc<dyn Disk>,
+    dir: PathBuf,
+    floor: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Bytes reserved by changes not yet in the chunk files.
+    held: u64,
+    refused_at: Option<Instant>,
+}
+
+/// What the chunk server reports to the master about its file system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceReport {
+    pub fs: FsSpace,
+    /// What new writes may still reserve.
+    pub writable_bytes: u64,
+    /// A write was refused for space lately, or little is left: new chunks go
+    /// elsewhere.
+    pub short: bool,
+}
+
+/// Space reserved for one change; given back when dropped (once the change is in
+/// the chunk file, or failed).
+pub struct Reservation {
+    space: Option<Arc<Space>>,
+    bytes: u64,
+}
+
+impl Reservation {
+    /// For a change that allocates nothing.
+    pub fn none() -> Reservation {
+        Reservation {
+            space: None,
+            bytes: 0,
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(space) = &self.space {
+            let mut state = space.state.lock().unwrap();
+            assert!(
+                state.held >= self.bytes,
+                "reservation of {} bytes released with {} held",
+                self.bytes,
+                state.held
+            );
+            state.held -= self.bytes;
+        }
+    }
+}
+
+/// Bytes a write of `length` at `offset` may allocate: its blocks and their
+/// checksums' pages (a new chunk file's first page included).
+pub(crate) fn write_needs(offset: u64, length: u64) -> u64 {
+    if length == 0 {
+        return 0;
+    }
+    let blocks = (offset + length).div_ceil(BLOCK_BYTES) - offset / BLOCK_BYTES;
+    let sums_pages = (blocks * 4).div_ceil(BLOCK_BYTES) + 1;
+    (blocks + sums_pages) * BLOCK_BYTES
+}
+
+impl Space {
+    pub(crate) fn new(disk: Arc<dyn Disk>, dir: &Path) -> Result<Arc<Space>, StoreError> {
+        let fs = disk.space(dir)?;
+        Ok(Arc::new(Space {
+            disk,
+            dir: dir.to_path_buf(),
+            floor: (fs.total_bytes / FLOOR_SHARE).clamp(FLOOR_MIN, FLOOR_MAX),
+            state: Mutex::default(),
+        }))
+    }
+
+    /// Reserves `bytes`, with `pending` more already promised (journaled data not
+    /// yet replayed). Nothing to reserve always succeeds.
+    pub(crate) fn reserve(
+        self: &Arc<Space>,
+        bytes: u64,
+        pending: u64,
+    ) -> Result<Reservation, StoreError> {
+        if bytes == 0 {
+            return Ok(Reservation::none());
+        }
+        let fs = self.disk.space(&self.dir)?;
+        let mut state = self.state.lock().unwrap();
+        let available = self.writable(&fs, state.held + pending);
+        if bytes > available {
+            state.refused_at = Some(Instant::now());
+            return Err(StoreError::NoSpace(format!(
+                "a {} write does not fit on the file system of {}: {} free, {} held for \
+                 writes not yet in chunk files, {} kept for deletes and trims",
+                mib(bytes),
+                self.dir.display(),
+                mib(fs.free_bytes),
+                mib(state.held + pending),
+                mib(self.floor)
+            )));
+        }
+        state.held += bytes;
+        Ok(Reservation {
+            space: Some(self.clone()),
+            bytes,
+        })
+    }
+
+    fn writable(&self, fs: &FsSpace, held: u64) -> u64 {
+        fs.free_bytes.saturating_sub(held + self.floor)
+    }
+
+    pub(crate) fn report(&self, pending: u64) -> Result<SpaceReport, StoreError> {
+        let fs = self.disk.space(&self.dir)?;
+        let state = self.state.lock().unwrap();
+        let writable_bytes = self.writable(&fs, state.held + pending);
+        let refused_lately = state.refused_at.is_some_and(|t| t.elapsed() < SHORT_FOR);
+        Ok(SpaceReport {
+            fs,
+            writable_bytes,
+            short: refused_lately || writable_bytes < self.floor,
+        })
+    }
+
+    /// The space the log of a file system this size may take: its checkpoint
+    /// quota (after which it is reused from the start).
+    pub(crate) fn log_quota(&self, wanted: u64) -> Result<u64, StoreError> {
+        let total = self.disk.space(&self.dir)?.total_bytes;
+        Ok(wanted.min(total / 32).max(FLOOR_MIN))
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_needs_its_blocks_and_their_checksums() {
+        assert_eq!(write_needs(0, 0), 0);
+        // One block, its checksum page, a first page.
+        assert_eq!(write_needs(0, 1), 3 * BLOCK_BYTES);
+        // Straddling two blocks.
+        assert_eq!(write_needs(4095, 2), 4 * BLOCK_BYTES);
+        // 4 MiB: 1024 blocks, one page of checksums, a first page.
+        assert_eq!(write_needs(0, 4 << 20), (1024 + 2) * BLOCK_BYTES);
+    }
+}
