@@ -27,7 +27,6 @@ const SHORT_FOR: Duration = Duration::from_secs(10);
 pub(crate) struct Space {
     disk: Arc<dyn Disk>,
     dir: PathBuf,
-    floor: u64,
     state: Mutex<State>,
 }
 
@@ -93,14 +92,12 @@ pub(crate) fn write_needs(offset: u64, length: u64) -> u64 {
 }
 
 impl Space {
-    pub(crate) fn new(disk: Arc<dyn Disk>, dir: &Path) -> Result<Arc<Space>, StoreError> {
-        let fs = disk.space(dir)?;
-        Ok(Arc::new(Space {
+    pub(crate) fn new(disk: Arc<dyn Disk>, dir: &Path) -> Arc<Space> {
+        Arc::new(Space {
             disk,
             dir: dir.to_path_buf(),
-            floor: (fs.total_bytes / FLOOR_SHARE).clamp(FLOOR_MIN, FLOOR_MAX),
             state: Mutex::default(),
-        }))
+        })
     }
 
     /// Reserves `bytes`, with `pending` more already promised (journaled data not
@@ -115,7 +112,7 @@ impl Space {
         }
         let fs = self.disk.space(&self.dir)?;
         let mut state = self.state.lock().unwrap();
-        let available = self.writable(&fs, state.held + pending);
+        let available = writable(&fs, state.held + pending);
         if bytes > available {
             state.refused_at = Some(Instant::now());
             return Err(StoreError::NoSpace(format!(
@@ -125,7 +122,7 @@ impl Space {
                 self.dir.display(),
                 mib(fs.free_bytes),
                 mib(state.held + pending),
-                mib(self.floor)
+                mib(floor(&fs))
             )));
         }
         state.held += bytes;
@@ -135,19 +132,15 @@ impl Space {
         })
     }
 
-    fn writable(&self, fs: &FsSpace, held: u64) -> u64 {
-        fs.free_bytes.saturating_sub(held + self.floor)
-    }
-
     pub(crate) fn report(&self, pending: u64) -> Result<SpaceReport, StoreError> {
         let fs = self.disk.space(&self.dir)?;
         let state = self.state.lock().unwrap();
-        let writable_bytes = self.writable(&fs, state.held + pending);
+        let writable_bytes = writable(&fs, state.held + pending);
         let refused_lately = state.refused_at.is_some_and(|t| t.elapsed() < SHORT_FOR);
         Ok(SpaceReport {
             fs,
             writable_bytes,
-            short: refused_lately || writable_bytes < self.floor,
+            short: refused_lately || writable_bytes < floor(&fs),
         })
     }
 
@@ -157,6 +150,16 @@ impl Space {
         let total = self.disk.space(&self.dir)?.total_bytes;
         Ok(wanted.min(total / 32).max(FLOOR_MIN))
     }
+}
+
+/// Kept for what frees space or must not fail.
+fn floor(fs: &FsSpace) -> u64 {
+    (fs.total_bytes / FLOOR_SHARE).clamp(FLOOR_MIN, FLOOR_MAX)
+}
+
+/// What new writes may still take, `held` being promised already.
+fn writable(fs: &FsSpace, held: u64) -> u64 {
+    fs.free_bytes.saturating_sub(held + floor(fs))
 }
 
 fn mib(bytes: u64) -> String {

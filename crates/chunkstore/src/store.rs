@@ -120,7 +120,7 @@ impl Store {
                 local_journal.display()
             )));
         }
-        let space = Space::new(disk.clone(), dir)?;
+        let space = Space::new(disk.clone(), dir);
         let wal_quota = space.log_quota(tuning.wal_checkpoint_bytes)?;
         let metas = meta::load(&*disk, &dir.join(layout::META))?;
         if !tuning.check_reads {

@@ -205,6 +205,17 @@ impl Cluster {
         self.servers[n].disk.power_cut(seed);
     }
 
+    /// The disk of server `n` fills: `headroom` bytes are left on it.
+    pub fn fill_disk(&self, n: usize, headroom: u64) {
+        let disk = &self.servers[n].disk;
+        disk.set_capacity(disk.used_bytes() + headroom);
+    }
+
+    /// Space is freed on server `n`'s disk (a bigger one, in the simulation).
+    pub fn free_disk(&self, n: usize) {
+        self.servers[n].disk.set_capacity(SimDisk::CAPACITY_BYTES);
+    }
+
     pub fn add_gateway(&mut self) -> usize {
         let n = self.gateways.len();
         let name = format!("gw{n}");

@@ -44,6 +44,7 @@ enum Later {
     RestartServer(usize),
     RestartMaster,
     Heal,
+    FreeSpace(usize),
 }
 
 struct Workers {
@@ -253,6 +254,10 @@ impl Run {
                 self.event("heal the network".into());
                 self.network.heal();
             }
+            Later::FreeSpace(n) => {
+                self.event(format!("space freed on cs{n}"));
+                self.cluster.free_disk(n);
+            }
         }
     }
 
@@ -264,7 +269,19 @@ impl Run {
 
     async fn fault(&mut self) -> Result<(), String> {
         let restart_after = Duration::from_millis(self.rng.gen_range(200..8_000));
-        match self.rng.gen_range(0..100) {
+        match self.rng.gen_range(0..110) {
+            100..=109 => {
+                let live = self.live_servers();
+                if let Some(&n) = live.choose(&mut self.rng) {
+                    // Around the floor the store keeps (a 64th of the disk, at least
+                    // 4 MiB): full at once, or after a few writes.
+                    let headroom = self.rng.gen_range(0..12 << 20);
+                    self.event(format!("the disk of cs{n} fills ({headroom} bytes left)"));
+                    self.cluster.fill_disk(n, headroom);
+                    let free_after = Duration::from_millis(self.rng.gen_range(500..10_000));
+                    self.schedule(free_after, Later::FreeSpace(n));
+                }
+            }
             0..=24 => {
                 let live = self.live_servers();
                 if let Some(&n) = live.choose(&mut self.rng) {
@@ -540,6 +557,9 @@ impl Run {
         self.network.set_faults(Faults::CALM);
         self.network.heal();
         self.later.clear();
+        for n in 0..self.cluster.servers.len() {
+            self.cluster.free_disk(n);
+        }
         if !self.network.alive(self.cluster.master) {
             self.cluster.start_master().await?;
         }

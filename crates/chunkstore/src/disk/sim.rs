@@ -26,8 +26,6 @@ const PAGE_BYTES: u64 = 4096;
 /// The unit a power cut tears writes at.
 const SECTOR_BYTES: u64 = 512;
 const ROOT: u64 = 0;
-/// The simulated file system's size unless [`SimDisk::set_capacity`] says otherwise.
-const CAPACITY_BYTES: u64 = 1 << 40;
 
 type Page = Box<[u8; PAGE_BYTES as usize]>;
 
@@ -480,15 +478,24 @@ impl SimDisk {
                 files: BTreeMap::new(),
                 changes_left: None,
                 changes: 0,
-                capacity: CAPACITY_BYTES,
+                capacity: SimDisk::CAPACITY_BYTES,
             })),
         }
     }
+
+    /// The simulated file system's size unless [`SimDisk::set_capacity`] says
+    /// otherwise.
+    pub const CAPACITY_BYTES: u64 = 1 << 40;
 
     /// Makes the file system this size: writes that would take more fail with
     /// ENOSPC, as a full disk's do.
     pub fn set_capacity(&self, bytes: u64) {
         self.state.lock().unwrap().capacity = bytes;
+    }
+
+    /// Bytes the files take now.
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().unwrap().used_bytes()
     }
 
     /// The disk as one process sees it, to open a store on: it and every file opened
