@@ -12,6 +12,7 @@ pub mod replica;
 mod staging;
 
 use bytes::Bytes;
+use floe_chunkstore::space::Room;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
 use floe_chunkstore::{ChunkMeta, Store, StoreError};
 pub use floe_chunkstore::{JournalDir, Options as StoreOptions};
@@ -107,6 +108,7 @@ impl Change {
                 chunk,
                 stamp,
                 offset,
+                catch_up: false,
                 forward,
                 data: data.clone(),
             },
@@ -392,6 +394,7 @@ impl ChunkServer {
         stamp: Stamp,
         offset: u64,
         change: Change,
+        room: Room,
     ) -> Response {
         if offset
             .checked_add(change.length())
@@ -423,7 +426,7 @@ impl ChunkServer {
                         // stays as it was, and the writer knows it lacks the change.
                         let reserved = match &change {
                             Change::Write(data) => {
-                                self.store.reserve_write(offset, data.len() as u64)
+                                self.store.reserve_write(offset, data.len() as u64, room)
                             }
                             Change::Zero { length, punch } => {
                                 self.store.reserve_zero(offset, *length, *punch)
@@ -513,7 +516,7 @@ impl ChunkServer {
             .iter()
             .map(|address| self.peers.call(address, backup.clone()));
         let (local, backups) = futures::join!(
-            self.apply_local(chunk, stamp, offset, change),
+            self.apply_local(chunk, stamp, offset, change, Room::Normal),
             futures::future::join_all(backups)
         );
         if !matches!(local, Response::Done) {
@@ -719,8 +722,20 @@ impl Handler for ChunkServer {
                 chunk,
                 stamp,
                 offset,
+                catch_up: true,
+                data,
+                ..
+            } => {
+                self.apply_local(chunk, stamp, offset, Change::Write(data), Room::CatchUp)
+                    .await
+            }
+            Request::Write {
+                chunk,
+                stamp,
+                offset,
                 forward,
                 data,
+                ..
             } => {
                 self.replicate(chunk, stamp, offset, Change::Write(data), forward)
                     .await
@@ -796,6 +811,7 @@ mod tests {
                 version,
             },
             offset,
+            catch_up: false,
             forward: Vec::new(),
             data: Bytes::from(vec![0xab; 4096]),
         }

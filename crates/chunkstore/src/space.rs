@@ -37,6 +37,17 @@ struct State {
     refused_at: Option<Instant>,
 }
 
+/// Which room a change may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// Free space above the floor.
+    Normal,
+    /// A change the other replicas took, sent again to one that refused it: it may
+    /// use half the floor, so replicas that fill at about the same rate stay equal
+    /// (one left behind would need a repair, with no room for it).
+    CatchUp,
+}
+
 /// What the chunk server reports to the master about its file system.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpaceReport {
@@ -106,13 +117,19 @@ impl Space {
         self: &Arc<Space>,
         bytes: u64,
         pending: u64,
+        room: Room,
     ) -> Result<Reservation, StoreError> {
         if bytes == 0 {
             return Ok(Reservation::none());
         }
         let fs = self.disk.space(&self.dir)?;
         let mut state = self.state.lock().unwrap();
-        let available = writable(&fs, state.held + pending);
+        let available = match room {
+            Room::Normal => writable(&fs, state.held + pending),
+            Room::CatchUp => fs
+                .free_bytes
+                .saturating_sub(state.held + pending + floor(&fs) / 2),
+        };
         if bytes > available {
             state.refused_at = Some(Instant::now());
             return Err(StoreError::NoSpace(format!(

@@ -10,7 +10,7 @@ use crate::journal::{JournalDir, Journals};
 use crate::layout;
 use crate::meta::{self, ChunkMeta};
 use crate::replay;
-use crate::space::{self, Reservation, Space, SpaceReport};
+use crate::space::{self, Reservation, Room, Space, SpaceReport};
 use crate::wal::{Kind, RecordHeader};
 use bytes::{Bytes, BytesMut};
 use floe_protocol::ChunkId;
@@ -169,11 +169,19 @@ impl Store {
     }
 
     /// Reserves the space a write of `length` bytes at `offset` may allocate, before
-    /// the replica takes the write's version: `NoSpace` if it does not fit.
-    pub fn reserve_write(&self, offset: u64, length: u64) -> Result<Reservation, StoreError> {
+    /// the replica takes the write's version: `NoSpace` if it does not fit in `room`.
+    pub fn reserve_write(
+        &self,
+        offset: u64,
+        length: u64,
+        room: Room,
+    ) -> Result<Reservation, StoreError> {
         check_range(offset, length)?;
-        self.space
-            .reserve(space::write_needs(offset, length), self.journal_backlog())
+        self.space.reserve(
+            space::write_needs(offset, length),
+            self.journal_backlog(),
+            room,
+        )
     }
 
     /// [`Store::reserve_write`] for zeroing a range: a punch frees space and needs
@@ -188,7 +196,7 @@ impl Store {
             check_range(offset, length)?;
             return Ok(Reservation::none());
         }
-        self.reserve_write(offset, length)
+        self.reserve_write(offset, length, Room::Normal)
     }
 
     /// The data directory's file system as the master is told about it.
@@ -206,7 +214,7 @@ impl Store {
         data: Bytes,
         meta: ChunkMeta,
     ) -> Result<(), StoreError> {
-        let reservation = self.reserve_write(offset, data.len() as u64)?;
+        let reservation = self.reserve_write(offset, data.len() as u64, Room::Normal)?;
         self.write_reserved(reservation, chunk, offset, data, meta)
             .await
     }

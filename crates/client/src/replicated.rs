@@ -167,6 +167,7 @@ fn no_op(chunk: ChunkId, stamp: Stamp) -> Request {
         chunk,
         stamp,
         offset: 0,
+        catch_up: false,
         forward: Vec::new(),
         data: Bytes::new(),
     }
@@ -401,6 +402,37 @@ impl ReplicatedChunks {
             .map_or(Ok(()), |why| Err(IoError::NoSpace(why)))
     }
 
+    /// Replicas that refused a write for space while others took it get it again,
+    /// allowed into the room kept for catching up (see `chunkstore::space::Room`):
+    /// replicas filling at about the same rate then stay equal, instead of one left
+    /// behind with no room for its repair.
+    async fn catch_up(
+        &self,
+        good: &[(ServerId, String)],
+        outcomes: &mut [(ServerId, Outcome)],
+        mut request: Request,
+    ) {
+        let Request::Write { catch_up, .. } = &mut request else {
+            return;
+        };
+        *catch_up = true;
+        let took = outcomes.iter().any(|(_, o)| matches!(o, Outcome::Done));
+        if !took {
+            return;
+        }
+        let refused: Vec<usize> = (0..outcomes.len())
+            .filter(|&i| refused_for_space(&outcomes[i].1))
+            .collect();
+        let replies = futures::future::join_all(refused.iter().map(|&i| {
+            self.pool
+                .call_within(&good[i].1, request.clone(), REPLICA_TIMEOUT)
+        }))
+        .await;
+        for (i, reply) in refused.into_iter().zip(replies) {
+            outcomes[i].1 = outcome(reply, &good[i].1);
+        }
+    }
+
     /// Re-reads the volume map from the master.
     async fn refresh(&self) {
         *self.refreshed_at.lock().unwrap() = Some(Instant::now());
@@ -617,6 +649,8 @@ impl ReplicatedChunks {
                     .map(|((id, address), reply)| (*id, outcome(reply, address)))
                     .collect();
             }
+            self.catch_up(&good, &mut outcomes, make(stamp, Vec::new()))
+                .await;
             let done = outcomes
                 .iter()
                 .filter(|(_, o)| matches!(o, Outcome::Done))
@@ -799,6 +833,7 @@ impl ChunkIo for ReplicatedChunks {
             chunk,
             stamp,
             offset,
+            catch_up: false,
             forward,
             data: data.clone(),
         })

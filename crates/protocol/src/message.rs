@@ -32,6 +32,9 @@ pub enum Request {
         chunk: ChunkId,
         stamp: Stamp,
         offset: u64,
+        /// Sent again to a replica that refused it for space while others took it:
+        /// it may use the room kept for catching up, so the replicas stay equal.
+        catch_up: bool,
         forward: Vec<String>,
         data: Bytes,
     },
@@ -489,12 +492,14 @@ impl Request {
                 chunk,
                 stamp,
                 offset,
+                catch_up,
                 forward,
                 data: d,
             } => {
                 put_chunk(&mut f, *chunk);
                 put_stamp(&mut f, stamp);
                 f.put_u64_le(*offset);
+                f.put_u8(u8::from(*catch_up));
                 put_forward(&mut f, forward);
                 data = d.clone();
                 KIND_WRITE
@@ -557,12 +562,14 @@ impl Request {
                 let chunk = r.chunk()?;
                 let stamp = r.stamp()?;
                 let offset = r.u64()?;
+                let catch_up = r.u8()? != 0;
                 let forward = r.forward()?;
                 let data = std::mem::take(&mut r.buf);
                 Request::Write {
                     chunk,
                     stamp,
                     offset,
+                    catch_up,
                     forward,
                     data,
                 }
@@ -693,6 +700,7 @@ mod tests {
             chunk,
             stamp,
             offset: 4096,
+            catch_up: true,
             forward: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
             data: Bytes::from(vec![5u8; 4096]),
         });
