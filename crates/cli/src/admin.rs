@@ -470,10 +470,10 @@ impl FileSystem<'_> {
     fn warning(&self) -> Option<String> {
         let fs = self.usage()?;
         let percent = fs.percent_used();
-        let short = self.servers.iter().any(|s| s.fs.is_some_and(|f| f.short));
-        if percent < WARN_PERCENT && !short {
+        if percent < WARN_PERCENT {
             return None;
         }
+        let short = self.servers.iter().any(|s| s.fs.is_some_and(|f| f.short));
         let ids: Vec<String> = self.servers.iter().map(|s| s.id.to_string()).collect();
         let mut line = format!(
             "WARNING: the file system of chunk server {} on host {} is {percent}% full ({} free)",

@@ -459,6 +459,11 @@ fn main() {
             | Command::Gateway { .. }
     ) {
         init_logging();
+    } else if !matches!(cli.command, Command::Demo { .. }) {
+        // A command whose output is cut short (`floe status | head`) ends quietly, as
+        // other command-line tools do; servers keep ignoring SIGPIPE for their sockets.
+        // SAFETY: restores the default disposition before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     if let Err(message) = runtime().block_on(execute(cli)) {
         eprintln!("floe: {message}");

@@ -145,11 +145,18 @@ impl Master {
             .ok_or_else(|| not_registered(id))?;
         server.used_bytes = used_bytes;
         if let Some(fs) = fs {
-            if fs.short && !server.fs.is_some_and(|f| f.short) {
+            let was_short = server.fs.is_some_and(|f| f.short);
+            if fs.short && !was_short {
                 tracing::warn!(
                     id,
                     free_bytes = fs.free_bytes,
                     "chunk server is short of space: new copies go elsewhere"
+                );
+            } else if was_short && !fs.short {
+                tracing::info!(
+                    id,
+                    free_bytes = fs.free_bytes,
+                    "chunk server has room again"
                 );
             }
             server.fs = Some(fs);
