@@ -150,7 +150,8 @@ struct ChunkserverArgs {
     /// (hdd) Journal directory on an ssd of the same host; repeat for overflow.
     #[arg(long = "journal")]
     journals: Vec<PathBuf>,
-    /// Bytes each journal may fill; defaults to a tenth of its file system.
+    /// Bytes each journal may fill (allocated when the server starts); defaults to a
+    /// tenth of its file system, at most 2 GiB.
     #[arg(long, value_parser = size::parse)]
     journal_quota: Option<u64>,
 }
@@ -378,7 +379,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             }
             let quota = |dir: &std::path::Path| match journal_quota {
                 Some(q) => Ok(q),
-                None => filesystem_bytes(dir).map(|b| b / 10),
+                None => filesystem_bytes(dir).map(|b| (b / 10).min(JOURNAL_QUOTA_DEFAULT_MAX)),
             };
             let journal_dirs = journals
                 .iter()
@@ -449,6 +450,10 @@ async fn execute(cli: Cli) -> Result<(), String> {
         Command::Layer(command) => cluster::layer(&master, command).await,
     }
 }
+
+/// The default journal quota's cap: journals are allocated in full when a server
+/// starts, and a demo runs several on one file system.
+const JOURNAL_QUOTA_DEFAULT_MAX: u64 = 2 << 30;
 
 fn main() {
     let cli = Cli::parse();
