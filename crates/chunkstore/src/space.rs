@@ -15,13 +15,15 @@ use crate::disk::{Disk, FsSpace};
 use crate::error::StoreError;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The floor: this share of the file system, within the bounds below.
 const FLOOR_SHARE: u64 = 64;
 const FLOOR_MIN: u64 = 4 << 20;
 const FLOOR_MAX: u64 = 1 << 30;
-/// A server that refused a reservation this recently reports itself short of space.
+/// A server that refused a reservation this recently reports itself short of space
+/// (tokio's clock: a simulation runs it virtually).
 const SHORT_FOR: Duration = Duration::from_secs(10);
 
 pub(crate) struct Space {
