@@ -173,7 +173,14 @@ impl Space {
 
 /// Kept for what frees space or must not fail.
 fn floor(fs: &FsSpace) -> u64 {
-    (fs.total_bytes / FLOOR_SHARE).clamp(FLOOR_MIN, FLOOR_MAX)
+    floor_of(fs.total_bytes)
+}
+
+/// The floor kept on a file system of `total_bytes`. Only the store's own writes
+/// stay above it: a restart on a disk something else filled past it may find no
+/// room for its checkpoint.
+pub fn floor_of(total_bytes: u64) -> u64 {
+    (total_bytes / FLOOR_SHARE).clamp(FLOOR_MIN, FLOOR_MAX)
 }
 
 /// What new writes may still take, `held` being promised already.

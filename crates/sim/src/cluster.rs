@@ -5,6 +5,7 @@ use crate::network::{service, Network, ProcessId, SimTransport};
 use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use floe_chunkserver::StoreOptions;
+use floe_chunkstore::space::floor_of;
 use floe_chunkstore::{SimDisk, Store, Tuning};
 use floe_client::master::MasterClient;
 use floe_metadata::memory::MemoryStore;
@@ -205,10 +206,15 @@ impl Cluster {
         self.servers[n].disk.power_cut(seed);
     }
 
-    /// The disk of server `n` fills: `headroom` bytes are left on it.
-    pub fn fill_disk(&self, n: usize, headroom: u64) {
+    /// The disk of server `n` fills, with the store's own writes: `writable` bytes
+    /// are left above the floor the store keeps (something else filling it past the
+    /// floor is another matter: a restart may then find no room for a checkpoint).
+    pub fn fill_disk(&self, n: usize, writable: u64) {
         let disk = &self.servers[n].disk;
-        disk.set_capacity(disk.used_bytes() + headroom);
+        let size = disk.used_bytes() + writable;
+        let floor = floor_of(size);
+        // The floor grows with the size it is added to: a 64th of it, and a margin.
+        disk.set_capacity(size + floor + floor / 16);
     }
 
     /// Space is freed on server `n`'s disk (a bigger one, in the simulation).

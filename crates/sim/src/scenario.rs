@@ -273,11 +273,12 @@ impl Run {
             100..=109 => {
                 let live = self.live_servers();
                 if let Some(&n) = live.choose(&mut self.rng) {
-                    // Around the floor the store keeps (a 64th of the disk, at least
-                    // 4 MiB): full at once, or after a few writes.
-                    let headroom = self.rng.gen_range(0..12 << 20);
-                    self.event(format!("the disk of cs{n} fills ({headroom} bytes left)"));
-                    self.cluster.fill_disk(n, headroom);
+                    // Full at once, or after a few writes.
+                    let writable = self.rng.gen_range(0..8 << 20);
+                    self.event(format!(
+                        "the disk of cs{n} fills ({writable} bytes writable left)"
+                    ));
+                    self.cluster.fill_disk(n, writable);
                     let free_after = Duration::from_millis(self.rng.gen_range(500..10_000));
                     self.schedule(free_after, Later::FreeSpace(n));
                 }
