@@ -11,6 +11,7 @@
 //! then on the change to the replica is finished even across a crash:
 //! [`finish_interrupted`] runs before the server serves.
 
+use floe_chunkstore::space::Room;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
 use floe_chunkstore::{ChunkMeta, Store, StoreError};
 use floe_protocol::{ChunkId, CHUNK_INDEX_LIMIT};
@@ -102,8 +103,21 @@ pub async fn finish_interrupted(store: &Store) -> Result<(), StoreError> {
             index: staging.index & (CHUNK_INDEX_LIMIT - 1),
             ..staging
         };
-        let bytes = apply(store, chunk, kind).await?;
-        tracing::info!(?chunk, ?kind, bytes, "finished a repair a stop interrupted");
+        match apply(store, chunk, kind).await {
+            Ok(bytes) => {
+                tracing::info!(?chunk, ?kind, bytes, "finished a repair a stop interrupted")
+            }
+            // The replica claims version 0 until it is applied: the master repairs it
+            // anew, and the server serves its other replicas meanwhile.
+            Err(e @ StoreError::NoSpace(_)) => {
+                tracing::error!(
+                    ?chunk,
+                    ?kind,
+                    "cannot finish a repair a stop interrupted: {e}"
+                )
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -134,7 +148,12 @@ async fn apply(store: &Store, chunk: ChunkId, kind: Staged) -> Result<u64, Store
         while at < end {
             let n = (end - at).min(PIECE_BYTES);
             let data = store.read(staging, at, n as u32).await?;
-            store.write(chunk, at, data, unknown).await?;
+            // Moving data already on this disk (the staging chunk is emptied after):
+            // it may use the room kept for catching up.
+            let reservation = store.reserve_write(at, n, Room::CatchUp)?;
+            store
+                .write_reserved(reservation, chunk, at, data, unknown)
+                .await?;
             at += n;
             bytes += n;
         }

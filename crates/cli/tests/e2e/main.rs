@@ -12,6 +12,7 @@ mod failover;
 mod fencing;
 mod fio;
 mod fio_job;
+mod full_disk;
 mod hybrid;
 mod integrity;
 mod io_helpers;
