@@ -530,15 +530,8 @@ impl ReplicatedChunks {
                     )),
                 }
             }
-            // Every replica the master does not hold stale answering does too: a
-            // writer reports a replica it leaves behind before it acknowledges a
-            // change without it, so those hold every acknowledged change.
-            let current = self.chunks.lock().unwrap().get(&index).map_or(0, |c| {
-                let p = &c.placement;
-                p.replicas.iter().filter(|id| !p.stale.contains(id)).count()
-            });
-            if versions.len() >= majority || (!versions.is_empty() && versions.len() == current) {
-                let top = versions.iter().map(|v| v.1).max().expect("an answer");
+            if versions.len() >= majority {
+                let top = versions.iter().map(|v| v.1).max().expect("a majority");
                 let learned = |chunks: &HashMap<u64, Chunk>| chunks[&index].last.is_some();
                 if learned(&self.chunks.lock().unwrap()) {
                     // Another request learned it first and may have written since:
