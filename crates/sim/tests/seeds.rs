@@ -124,6 +124,9 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (806009, "a replica cut off during the audit after a writer died came back behind, counted current"),
     (802317, "a server marked lost registered again (a message in flight) and was counted down, not lost: the cluster never healed"),
     (1801565, "a view change's prefetch whole-copied a source behind its stale target, taking back a change the target had acknowledged; the source's ack then committed it, and a later view change lost it"),
+    (1945601331, "learning a chunk's version from every replica not stale (fewer than a majority) let a reader after a takeover read an old copy"),
+    (1127769332, "a restart on a disk filled past the store's floor could not checkpoint"),
+    (567174403, "a repair a full disk interrupted stopped its server from starting again"),
 ];
 
 /// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.
