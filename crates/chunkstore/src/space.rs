@@ -22,6 +22,7 @@ use tokio::time::Instant;
 const FLOOR_SHARE: u64 = 64;
 const FLOOR_MIN: u64 = 4 << 20;
 const FLOOR_MAX: u64 = 1 << 30;
+const FS_READ_EVERY: Duration = Duration::from_millis(100);
 /// A server that refused a reservation this recently reports itself short of space
 /// (tokio's clock: a simulation runs it virtually).
 const SHORT_FOR: Duration = Duration::from_secs(10);
@@ -37,6 +38,30 @@ struct State {
     /// Bytes reserved by changes not yet in the chunk files.
     held: u64,
     refused_at: Option<Instant>,
+    /// The file system as last read, and when: read again at most every
+    /// [`FS_READ_EVERY`] (one statvfs per write would be a syscall per request), and
+    /// before any refusal.
+    read: Option<(FsSpace, Instant)>,
+    /// Bytes of reservations given back since that read: taken as spent.
+    spent: u64,
+}
+
+impl State {
+    /// The file system now: the last read less what was spent since, or a new read.
+    fn fs(&mut self, space: &Space, fresh: bool) -> Result<FsSpace, StoreError> {
+        match self.read {
+            Some((fs, at)) if !fresh && at.elapsed() < FS_READ_EVERY => Ok(FsSpace {
+                free_bytes: fs.free_bytes.saturating_sub(self.spent),
+                ..fs
+            }),
+            _ => {
+                let fs = space.disk.space(&space.dir)?;
+                self.read = Some((fs, Instant::now()));
+                self.spent = 0;
+                Ok(fs)
+            }
+        }
+    }
 }
 
 /// Which room a change may use.
@@ -89,6 +114,7 @@ impl Drop for Reservation {
                 state.held
             );
             state.held -= self.bytes;
+            state.spent += self.bytes;
         }
     }
 }
@@ -124,15 +150,21 @@ impl Space {
         if bytes == 0 {
             return Ok(Reservation::none());
         }
-        let fs = self.disk.space(&self.dir)?;
         let mut state = self.state.lock().unwrap();
-        let available = match room {
-            Room::Normal => writable(&fs, state.held + pending),
-            Room::CatchUp => fs
-                .free_bytes
-                .saturating_sub(state.held + pending + floor(&fs) / 2),
+        let available = |state: &mut State, fresh: bool| -> Result<(FsSpace, u64), StoreError> {
+            let fs = state.fs(self, fresh)?;
+            let held = state.held + pending;
+            Ok(match room {
+                Room::Normal => (fs, writable(&fs, held)),
+                Room::CatchUp => (fs, fs.free_bytes.saturating_sub(held + floor(&fs) / 2)),
+            })
         };
-        if bytes > available {
+        let (mut fs, mut room_left) = available(&mut state, false)?;
+        if bytes > room_left {
+            // Refused only on a fresh look: space may have come back since.
+            (fs, room_left) = available(&mut state, true)?;
+        }
+        if bytes > room_left {
             state.refused_at = Some(Instant::now());
             return Err(StoreError::NoSpace(format!(
                 "a {} write does not fit on the file system of {}: {} free, {} held for \
@@ -152,8 +184,8 @@ impl Space {
     }
 
     pub(crate) fn report(&self, pending: u64) -> Result<SpaceReport, StoreError> {
-        let fs = self.disk.space(&self.dir)?;
-        let state = self.state.lock().unwrap();
+        let mut state = self.state.lock().unwrap();
+        let fs = state.fs(self, true)?;
         let writable_bytes = writable(&fs, state.held + pending);
         let refused_lately = state.refused_at.is_some_and(|t| t.elapsed() < SHORT_FOR);
         Ok(SpaceReport {
