@@ -5,7 +5,7 @@ use crate::size;
 use floe_client::master::MasterClient;
 use floe_protocol::{
     ChunkId, ClusterStatus, FsUsage, JournalUsage, MasterRequest, MasterResponse, QosLimits,
-    ServerId, ServerInfo, Volume, VolumeSpec,
+    ServerId, ServerInfo, Volume, VolumeSpec, WriteMode,
 };
 use std::time::Duration;
 
@@ -55,7 +55,7 @@ fn qos_text(qos: QosLimits) -> String {
 
 fn volume_row(v: &Volume) -> String {
     format!(
-        "{:<20} {:>10} {:<6} {:>8} {:>10} {:>10} {:>7} {:>8} {:>9} {:>13}",
+        "{:<20} {:>10} {:<6} {:>8} {:>10} {:>10} {:>7} {:>8} {:>9} {:>13} {}",
         v.spec.name,
         size::format(v.spec.size_bytes),
         v.spec.mode,
@@ -66,11 +66,12 @@ fn volume_row(v: &Volume) -> String {
         v.chunks_allocated,
         iops_text(v.qos.iops),
         bandwidth_text(v.qos.bytes_per_second),
+        v.spec.write_mode,
     )
 }
 
 const VOLUME_HEADER: &str =
-    "NAME                       SIZE MODE   REPLICAS      CHUNK STRIPE-UNIT STRIPES ALLOCATED      IOPS     BANDWIDTH";
+    "NAME                       SIZE MODE   REPLICAS      CHUNK STRIPE-UNIT STRIPES ALLOCATED      IOPS     BANDWIDTH WRITES";
 
 pub async fn create(
     master: &MasterClient,
@@ -83,11 +84,12 @@ pub async fn create(
         .await
         .map_err(|e| format!("cannot create volume: {e}"))?;
     println!(
-        "created volume {} ({}, {}, {} replicas)",
+        "created volume {} ({}, {}, {} replicas, {})",
         volume.spec.name,
         size::format(volume.spec.size_bytes),
         volume.spec.mode,
-        volume.spec.replicas
+        volume.spec.replicas,
+        volume.spec.write_mode
     );
     if iops.is_some() || bytes_per_second.is_some() {
         set_qos(master, &volume.spec.name, iops, bytes_per_second).await?;
@@ -115,6 +117,19 @@ pub async fn set_qos(
     Ok(())
 }
 
+pub async fn set_write_mode(
+    master: &MasterClient,
+    name: &str,
+    mode: WriteMode,
+) -> Result<(), String> {
+    master
+        .set_write_mode(name, mode)
+        .await
+        .map_err(|e| format!("cannot set the write mode of volume {name}: {e}"))?;
+    println!("volume {name}: write mode {mode}; it takes effect when the volume is next opened");
+    Ok(())
+}
+
 pub async fn list(master: &MasterClient) -> Result<(), String> {
     let volumes = master.list_volumes().await.map_err(|e| e.to_string())?;
     println!("{VOLUME_HEADER}");
@@ -135,6 +150,7 @@ pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
         v.spec.size_bytes
     );
     println!("mode:          {}", v.spec.mode);
+    println!("write mode:    {}", v.spec.write_mode);
     println!("replicas:      {}", v.spec.replicas);
     println!("limits:        {}", qos_text(v.qos));
     println!("chunk size:    {}", size::format(v.spec.chunk_bytes));

@@ -8,7 +8,7 @@
 use crate::size;
 use floe_client::master::MasterClient;
 use floe_protocol::connection::CallError;
-use floe_protocol::{PlacementMode, Status, VolumeMode, VolumeSpec};
+use floe_protocol::{PlacementMode, Status, VolumeMode, VolumeSpec, WriteMode};
 use serde::Serialize;
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;
@@ -24,6 +24,7 @@ pub struct Options {
     pub metadata: Option<String>,
     pub placement: PlacementMode,
     pub mode: VolumeMode,
+    pub write_mode: WriteMode,
     pub emulate_hdd: bool,
     pub journal_quota: Option<u64>,
 }
@@ -288,6 +289,7 @@ async fn start(
         stripe_unit_bytes: floe_protocol::STRIPE_UNIT_BYTES_DEFAULT,
         stripe_count: floe_protocol::STRIPE_COUNT_DEFAULT,
         mode: options.mode,
+        write_mode: options.write_mode,
     };
     match master.create_volume(spec).await {
         Ok(v) => println!(

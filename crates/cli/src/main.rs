@@ -8,7 +8,7 @@ mod size;
 
 use clap::{Parser, Subcommand};
 use floe_client::master::MasterClient;
-use floe_protocol::{DeviceClass, PlacementMode, VolumeMode, VolumeSpec};
+use floe_protocol::{DeviceClass, PlacementMode, VolumeMode, VolumeSpec, WriteMode};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -54,6 +54,9 @@ enum Command {
         /// Device classes of the demo volume: ssd, hybrid or hdd.
         #[arg(long, default_value = "hybrid")]
         mode: VolumeMode,
+        /// Write mode of the demo volume when it is created (see `volume create`).
+        #[arg(long, default_value = "write-through")]
+        write_mode: WriteMode,
         /// Emulate hdd latencies on the hdd chunk servers (labelled as emulation).
         #[arg(long)]
         emulate_hdd: bool,
@@ -182,8 +185,18 @@ enum VolumeCommand {
         /// behind ssd journals) or hdd (all replicas).
         #[arg(long, default_value = "hybrid")]
         mode: VolumeMode,
+        /// When writes are acknowledged: write-through (once durable on the replicas)
+        /// or flush-epoch (at once; a FLUSH orders, a crash keeps a prefix of the
+        /// epochs; FUA writes durable before their reply).
+        #[arg(long, default_value = "write-through")]
+        write_mode: WriteMode,
         #[command(flatten)]
         qos: QosArgs,
+    },
+    /// Change a volume's write mode; it takes effect when the volume is next opened.
+    SetWriteMode {
+        name: String,
+        mode: WriteMode,
     },
     List,
     Info {
@@ -305,6 +318,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             metadata,
             placement,
             mode,
+            write_mode,
             emulate_hdd,
             journal_quota,
         } => {
@@ -316,6 +330,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 metadata,
                 placement,
                 mode,
+                write_mode,
                 emulate_hdd,
                 journal_quota,
             })
@@ -421,6 +436,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 stripe_unit,
                 stripe_count,
                 mode,
+                write_mode,
                 qos,
             } => {
                 let spec = VolumeSpec {
@@ -431,6 +447,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     stripe_unit_bytes: stripe_unit,
                     stripe_count,
                     mode,
+                    write_mode,
                 };
                 admin::create(&master, spec, qos.iops, qos.bandwidth).await
             }
@@ -438,6 +455,9 @@ async fn execute(cli: Cli) -> Result<(), String> {
             VolumeCommand::Info { name } => admin::info(&master, &name).await,
             VolumeCommand::Resize { name, size } => admin::resize(&master, &name, size).await,
             VolumeCommand::Delete { name } => admin::delete(&master, &name).await,
+            VolumeCommand::SetWriteMode { name, mode } => {
+                admin::set_write_mode(&master, &name, mode).await
+            }
             VolumeCommand::SetQos { name, qos } => {
                 admin::set_qos(&master, &name, qos.iops, qos.bandwidth).await
             }

@@ -7,8 +7,11 @@
 //!   chunk requests ([`stripe::Striped`], a [`floe_blockdev::BlockDevice`]).
 //! - [`replicated`]: the chunk layer: the writer's side of the replication protocol
 //!   (versions, majority commit, laggard reports, reads with version checks).
+//! - [`flush_epoch`]: Blizzard's flush-epoch write mode, over all of it.
 //!
-//! [`open_volume`] composes them for a volume name: qos -> stripe -> replicated.
+//! [`open_volume`] composes them for a volume name: [flush-epoch ->] qos -> stripe ->
+//! replicated.
+pub mod flush_epoch;
 pub mod lease;
 pub mod master;
 pub mod qos;
@@ -16,7 +19,7 @@ pub mod replicated;
 pub mod stripe;
 
 use floe_blockdev::BlockDevice;
-use floe_protocol::VolumeLimits;
+use floe_protocol::{VolumeLimits, WriteMode};
 use std::sync::Arc;
 
 /// How a volume is opened.
@@ -55,7 +58,15 @@ pub async fn open_volume(
     };
     let layout = stripe::Layout::of(&map.volume.spec);
     let size = map.volume.spec.size_bytes;
+    let write_mode = map.volume.spec.write_mode;
     let chunks = replicated::ReplicatedChunks::new(master, map, lease);
     let striped = stripe::Striped::new(layout, size, chunks);
-    Ok(Arc::new(qos::Qos::new(striped, limits)))
+    let device: Arc<dyn BlockDevice> = Arc::new(qos::Qos::new(striped, limits));
+    Ok(match write_mode {
+        WriteMode::WriteThrough => device,
+        WriteMode::FlushEpoch => Arc::new(flush_epoch::FlushEpoch::new(
+            device,
+            flush_epoch::LIMIT_BYTES_DEFAULT,
+        )),
+    })
 }

@@ -3,7 +3,7 @@
 use floe_protocol::connection::CallError;
 use floe_protocol::{
     ClusterStatus, ConnectionPool, MasterRequest, MasterResponse, Request, Response, Volume,
-    VolumeMap, VolumeSpec,
+    VolumeMap, VolumeSpec, WriteMode,
 };
 use std::time::Duration;
 
@@ -86,6 +86,14 @@ impl MasterClient {
             name: name.into(),
             iops,
             bytes_per_second,
+        })
+        .await
+    }
+
+    pub async fn set_write_mode(&self, name: &str, mode: WriteMode) -> Result<Volume, CallError> {
+        self.expect_volume(MasterRequest::SetWriteMode {
+            name: name.into(),
+            mode,
         })
         .await
     }

@@ -263,6 +263,7 @@ mod tests {
             stripe_unit_bytes: 64 << 10,
             stripe_count: 4,
             mode: Default::default(),
+            write_mode: Default::default(),
         };
         let layout = Layout::of(&spec);
         for offset in (0..64 << 20).step_by(4096 * 7 + 512) {

@@ -173,6 +173,7 @@ impl Master {
                 iops,
                 bytes_per_second,
             } => self.set_qos(&name, iops, bytes_per_second).await,
+            R::SetWriteMode { name, mode } => self.set_write_mode(&name, mode).await,
             R::DeleteVolume { name } => self.delete_volume(&name).await,
             R::AllocateChunk {
                 volume_id,

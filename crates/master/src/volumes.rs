@@ -4,7 +4,7 @@ use crate::lease::lease_key;
 use crate::state::{put, volume_key, State};
 use crate::{Failure, Master, Reply};
 use floe_metadata::Op;
-use floe_protocol::{MasterResponse, Status, Volume, VolumeMap, VolumeSpec};
+use floe_protocol::{MasterResponse, Status, Volume, VolumeMap, VolumeSpec, WriteMode};
 
 impl Master {
     pub(crate) async fn create_volume(&self, spec: VolumeSpec) -> Reply {
@@ -105,6 +105,20 @@ impl Master {
                 Ok(volume)
             })
             .await?;
+        Ok(MasterResponse::Volume(volume))
+    }
+
+    /// `floe volume set-write-mode`: the gateway reads it when it next opens the
+    /// volume (a switch under writes in flight is not made safe).
+    pub(crate) async fn set_write_mode(&self, name: &str, mode: WriteMode) -> Reply {
+        let volume = self
+            .put_volume(|state| {
+                let mut volume = state.volume(name)?;
+                volume.spec.write_mode = mode;
+                Ok(volume)
+            })
+            .await?;
+        tracing::info!(volume = name, %mode, "write mode set; takes effect at the next open");
         Ok(MasterResponse::Volume(volume))
     }
 

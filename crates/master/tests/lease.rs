@@ -50,6 +50,7 @@ async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
         stripe_unit_bytes: 64 << 10,
         stripe_count: 1,
         mode: VolumeMode::Ssd,
+        write_mode: Default::default(),
     };
     let created = call(&master, MasterRequest::CreateVolume(spec)).await;
     assert!(matches!(created, Response::Master(_)), "{created:?}");

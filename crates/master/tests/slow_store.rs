@@ -98,6 +98,7 @@ fn volume(name: &str) -> VolumeSpec {
         stripe_unit_bytes: 64 << 10,
         stripe_count: 4,
         mode: VolumeMode::Ssd,
+        write_mode: Default::default(),
     }
 }
 

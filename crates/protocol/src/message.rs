@@ -124,6 +124,11 @@ pub enum MasterRequest {
     DeleteVolume {
         name: String,
     },
+    /// Changes a volume's write mode; it takes effect when the volume is next opened.
+    SetWriteMode {
+        name: String,
+        mode: WriteMode,
+    },
     /// Changes a volume's rate limits; `None` keeps a limit as it is, 0 clears it.
     SetQos {
         name: String,

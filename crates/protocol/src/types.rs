@@ -143,6 +143,55 @@ pub struct VolumeSpec {
     /// Which device classes hold the replicas.
     #[serde(default)]
     pub mode: VolumeMode,
+    /// When a write is acknowledged (Blizzard's write modes); the gateway reads it
+    /// when it opens the volume.
+    #[serde(default)]
+    pub write_mode: WriteMode,
+}
+
+/// When a volume's writes are acknowledged, and what survives a crash of the gateway
+/// (Blizzard, NSDI'14 section 2.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteMode {
+    /// Once durable on the replicas: every acknowledged write survives.
+    #[default]
+    WriteThrough,
+    /// At once; a FLUSH is an ordering point: a crash keeps a prefix of the epochs
+    /// between FLUSHes. FUA writes are durable before their reply.
+    FlushEpoch,
+}
+
+impl WriteMode {
+    const NAMES: [(&'static str, WriteMode); 2] = [
+        ("write-through", WriteMode::WriteThrough),
+        ("flush-epoch", WriteMode::FlushEpoch),
+    ];
+}
+
+impl std::str::FromStr for WriteMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        WriteMode::NAMES
+            .iter()
+            .find(|(name, _)| *name == s)
+            .map(|(_, mode)| *mode)
+            .ok_or_else(|| {
+                let names: Vec<&str> = WriteMode::NAMES.iter().map(|(n, _)| *n).collect();
+                format!("write mode {s:?} is not one of: {}", names.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for WriteMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = WriteMode::NAMES
+            .iter()
+            .find(|(_, mode)| mode == self)
+            .map(|(name, _)| *name)
+            .expect("every mode is named");
+        f.write_str(name)
+    }
 }
 
 impl VolumeSpec {
@@ -548,6 +597,7 @@ mod tests {
             stripe_unit_bytes: 64 << 10,
             stripe_count: 4,
             mode: VolumeMode::Hybrid,
+            write_mode: Default::default(),
         };
         assert_eq!(spec(64 << 10).chunk_count(), 1);
         assert_eq!(spec(128 << 10).chunk_count(), 2);

@@ -179,6 +179,7 @@ impl Run {
             stripe_unit_bytes: 64 << 10,
             stripe_count: 2,
             mode: VolumeMode::Ssd,
+            write_mode: Default::default(),
         };
         self.admin_call(MasterRequest::CreateVolume(spec), "create the volume")
             .await?;

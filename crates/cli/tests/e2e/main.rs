@@ -22,3 +22,4 @@ mod netcut;
 mod qos;
 mod scrub;
 mod takeover;
+mod write_modes;

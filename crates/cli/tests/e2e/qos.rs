@@ -365,6 +365,7 @@ fn journal_pressure_throttles_writes_until_it_drains() {
                 stripe_unit_bytes: 64 << 10,
                 stripe_count: 4,
                 mode: VolumeMode::Ssd,
+                write_mode: Default::default(),
             })
             .await
             .unwrap();

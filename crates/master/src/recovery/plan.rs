@@ -391,6 +391,7 @@ mod tests {
                 stripe_unit_bytes: 64 << 10,
                 stripe_count: 4,
                 mode,
+                write_mode: Default::default(),
             };
             let chunk = ChunkId {
                 volume_id: 1,
