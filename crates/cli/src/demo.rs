@@ -26,7 +26,7 @@ pub struct Options {
     pub mode: VolumeMode,
     pub write_mode: WriteMode,
     pub emulate_hdd: bool,
-    pub journal_quota: Option<u64>,
+    pub journal_quota: u64,
 }
 
 /// (host, device class) of each chunk server.
@@ -182,9 +182,10 @@ fn hdd_arguments(options: &Options, host: &str) -> Vec<String> {
         .expect("every demo host has an ssd server");
     let journal = options.dir.join(format!("cs-{ssd}")).join("hdd-journal");
     let mut out = args(&["--journal", &journal.display().to_string()]);
-    if let Some(quota) = options.journal_quota {
-        out.extend(args(&["--journal-quota", &quota.to_string()]));
-    }
+    out.extend(args(&[
+        "--journal-quota",
+        &options.journal_quota.to_string(),
+    ]));
     if options.emulate_hdd {
         out.push("--emulate-hdd".into());
     }

@@ -60,9 +60,10 @@ enum Command {
         /// Emulate hdd latencies on the hdd chunk servers (labelled as emulation).
         #[arg(long)]
         emulate_hdd: bool,
-        /// Quota of each hdd server's journals (default a tenth of the file system).
-        #[arg(long, value_parser = size::parse)]
-        journal_quota: Option<u64>,
+        /// Quota of each hdd server's journals: six servers share the demo's file
+        /// system, and journals are allocated when a server starts.
+        #[arg(long, value_parser = size::parse, default_value = "256M")]
+        journal_quota: u64,
     },
     /// Run the master.
     Master {
