@@ -8,6 +8,7 @@ use crate::journal::Journals;
 use crate::layout;
 use crate::meta::Metas;
 use crate::sums_cache::{Budget, SumsCache};
+use crate::unsynced::UnsyncedChunks;
 use floe_protocol::ChunkId;
 use std::collections::{BTreeSet, HashMap};
 use std::io::{self, ErrorKind};
@@ -34,6 +35,8 @@ pub(crate) struct Files {
     /// Blocks found failing their checksums and not yet reported (chunk, offset).
     corrupt: Mutex<BTreeSet<(ChunkId, u64)>>,
     corrupt_found: AtomicU64,
+    /// Chunks whose latest writes are acknowledged but not yet in their files.
+    pub(crate) unsynced: UnsyncedChunks,
 }
 
 impl Files {
@@ -55,6 +58,7 @@ impl Files {
             sums_budget: Arc::default(),
             corrupt: Mutex::default(),
             corrupt_found: AtomicU64::new(0),
+            unsynced: UnsyncedChunks::default(),
         }
     }
 

@@ -12,6 +12,7 @@ use crate::layout;
 use crate::log_file::{assert_in_chunk, LogFile};
 use crate::meta::ChunkMeta;
 use crate::space::Reservation;
+use crate::unsynced::Unsynced;
 use crate::wal::{Kind, RecordHeader, RECORD_HEADER_BYTES};
 use bytes::Bytes;
 use floe_protocol::frame::PAYLOAD_BYTES_MAX;
@@ -21,6 +22,7 @@ use std::io::{self, ErrorKind};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{oneshot, Notify};
 
 /// Log bytes gathered into one append + fdatasync.
@@ -31,7 +33,7 @@ pub(crate) const BATCH_ROOM_BYTES: u64 = (PAYLOAD_BYTES_MAX as u64) + (1 << 20);
 /// Records in one append. Bounds the records a crash can leave intact past a torn
 /// one: those of the last batch, never synced, with sequence numbers up to this many
 /// past the last valid record.
-const BATCH_RECORDS_MAX: usize = 4096;
+pub(crate) const BATCH_RECORDS_MAX: usize = 4096;
 
 pub(crate) type Done = oneshot::Sender<Result<(), StoreError>>;
 
@@ -39,6 +41,9 @@ pub(crate) struct Change {
     pub(crate) header: RecordHeader,
     pub(crate) data: Bytes,
     pub(crate) done: Done,
+    /// Acknowledged only once durable; an unsynced write (`false`) once logged (see
+    /// [`crate::unsynced`]).
+    pub(crate) sync: bool,
     /// Held until the change is in the chunk file (or the journal: see
     /// [`crate::space`]), then dropped with the change.
     pub(crate) _reservation: Reservation,
@@ -51,6 +56,8 @@ pub(crate) type Completions = Vec<(Done, Result<(), StoreError>)>;
 #[derive(Default)]
 pub(crate) struct Queue {
     pub(crate) changes: Mutex<Vec<Change>>,
+    /// Waiting for every change acknowledged before them to be durable.
+    pub(crate) syncs: Mutex<Vec<Done>>,
     pub(crate) wake: Notify,
 }
 
@@ -71,6 +78,10 @@ pub(crate) struct Committer {
     pub(crate) buffer: Vec<u8>,
     /// Set when the log can no longer be written safely; every change then fails.
     pub(crate) failed: Option<String>,
+    /// Changes acknowledged before their record was synced, in log order.
+    pub(crate) unsynced: Vec<Unsynced>,
+    /// How long unsynced changes may wait for a sync when nothing else comes.
+    pub(crate) sync_interval: Duration,
 }
 
 impl Committer {
@@ -85,6 +96,8 @@ impl Committer {
             dirty_dirs: BTreeSet::new(),
             buffer: Vec::new(),
             failed: None,
+            unsynced: Vec::new(),
+            sync_interval: Duration::MAX,
         }
     }
 
@@ -102,7 +115,18 @@ impl Committer {
     pub(crate) async fn run(mut self, queue: Arc<Queue>) {
         let mut batch: Vec<Change> = Vec::new();
         loop {
-            queue.wake.notified().await;
+            let woken = queue.wake.notified();
+            if self.unsynced.is_empty() {
+                woken.await;
+            } else if tokio::time::timeout(self.sync_interval, woken)
+                .await
+                .is_err()
+            {
+                if let Err(e) = self.sync_unsynced() {
+                    tracing::error!("syncing unsynced writes failed: {e}");
+                }
+                continue;
+            }
             // Let every task that is ready (requests just read off sockets) queue its
             // change first, so they share this commit.
             tokio::task::yield_now().await;
@@ -121,19 +145,27 @@ impl Committer {
                         .min(changes.len());
                     batch.extend(changes.drain(..take));
                 }
+                let syncs = std::mem::take(&mut *queue.syncs.lock().unwrap());
                 if self.hybrid() && self.journals().replayed.swap(false, Ordering::Acquire) {
                     if let Err(e) = self.reclaim() {
                         tracing::error!("resetting replayed journals failed, will retry: {e}");
                     }
                 }
-                if batch.is_empty() {
+                if batch.is_empty() && syncs.is_empty() {
                     break;
                 }
-                let completions = if self.hybrid() {
+                let mut completions = if batch.is_empty() {
+                    Vec::new()
+                } else if self.hybrid() {
                     self.commit_journaled(&mut batch)
                 } else {
-                    self.commit(&mut batch)
+                    // A sync is due anyway: sync this batch with everything before it.
+                    self.commit(&mut batch, syncs.is_empty())
                 };
+                if !syncs.is_empty() {
+                    let synced = self.sync_unsynced();
+                    completions.extend(syncs.into_iter().map(|done| (done, synced.clone())));
+                }
                 if let Some(at) = hdd::take_paced_until() {
                     tokio::time::sleep_until(at.into()).await;
                 }
@@ -165,22 +197,25 @@ impl Committer {
     }
 
     /// Appends the batch to `self.logs[self.active]` as one write and one fdatasync.
-    pub(crate) fn append(&mut self, batch: &mut [Change]) -> io::Result<()> {
-        self.append_records(batch.iter_mut().map(|change| {
+    pub(crate) fn append(&mut self, batch: &mut [Change], sync: bool) -> io::Result<()> {
+        let records = batch.iter_mut().map(|change| {
             let data = if change.header.kind == Kind::Write {
                 &change.data[..]
             } else {
                 &[]
             };
             (&mut change.header, data)
-        }))
+        });
+        self.append_records(records, sync)
     }
 
-    /// Appends records, numbering them, to `self.logs[self.active]` as one write and
-    /// one fdatasync; the caller moves the log's position past `self.buffer`.
+    /// Appends records, numbering them, to `self.logs[self.active]` as one write and,
+    /// if `sync`, one fdatasync; the caller moves the log's position past
+    /// `self.buffer`.
     pub(crate) fn append_records<'a>(
         &mut self,
         records: impl Iterator<Item = (&'a mut RecordHeader, &'a [u8])>,
+        sync: bool,
     ) -> io::Result<()> {
         let log = &mut self.logs[self.active];
         self.buffer.clear();
@@ -194,7 +229,9 @@ impl Committer {
             seqs = Some((first, header.seq));
         }
         log.file.write_all_at(&self.buffer, log.position)?;
-        log.file.sync_data()?;
+        if sync {
+            log.file.sync_data()?;
+        }
         if let Some((first, last)) = seqs {
             log.appended(first, last);
         }

@@ -189,7 +189,7 @@ impl Committer {
             })
             .collect();
         if !intents.is_empty() {
-            if let Err(e) = self.append_records(intents.iter_mut().map(|h| (h, &[][..]))) {
+            if let Err(e) = self.append_records(intents.iter_mut().map(|h| (h, &[][..])), true) {
                 let message = format!("journal append failed: {e}");
                 tracing::error!("{message}");
                 return Committer::fail_all(batch, io_error(&e, message));
@@ -226,7 +226,7 @@ impl Committer {
             return Committer::fail_all(batch, e);
         }
         let start = self.logs[target].position;
-        if let Err(e) = self.append(batch) {
+        if let Err(e) = self.append(batch, true) {
             // Records of the batch left on disk are older than any later record at
             // the same place, so the scan after a crash stops before them.
             let message = format!("journal append failed: {e}");

@@ -15,6 +15,8 @@
 //! - [`block_sums`]: a crc32c per 4 KiB block of every chunk file, checked on every
 //!   read (journal data is checked per sector: [`journal`]); `sums_cache` keeps
 //!   pages of them in memory.
+//! - [`unsynced`]: writes acknowledged once logged, before the log's fdatasync,
+//!   which a later sync covers (the fast write modes).
 //! - [`space`]: the file system's free space, reserved by each change before it is
 //!   logged, with a floor kept for deletes and trims; the log and journals are
 //!   allocated in full when opened.
@@ -35,7 +37,8 @@
 //! chunks/VOLUME/INDEX      one sparse file per chunk replica (hex ids)
 //! chunks/VOLUME/INDEX.sums its blocks' checksums
 //! ```
-//! Crash safety: a write is acknowledged only after its record is durable in the log.
+//! Crash safety: a write is acknowledged only after its record is durable in the log
+//! (an unsynced write: once logged; durable after the next [`Store::sync`]).
 //! After a crash, replay re-applies every record from the last checkpoint up to the
 //! first torn or missing one, so an acknowledged write is always whole and an
 //! unacknowledged one is either whole or absent.
@@ -55,6 +58,7 @@ mod replay;
 pub mod space;
 pub mod store;
 mod sums_cache;
+mod unsynced;
 pub mod wal;
 
 pub use disk::{Disk, DiskFile, RealDisk, SimDisk};

@@ -42,8 +42,10 @@ impl Committer {
         Ok(log)
     }
 
-    /// Plain mode: appends the batch, then applies it to the chunk files.
-    pub(crate) fn commit(&mut self, batch: &mut Vec<Change>) -> Completions {
+    /// Plain mode: appends the batch, then applies it to the chunk files. With
+    /// `may_defer`, a batch of unsynced writes is acknowledged unsynced (see
+    /// [`crate::unsynced`]).
+    pub(crate) fn commit(&mut self, batch: &mut Vec<Change>, may_defer: bool) -> Completions {
         if let Some(failed) = &self.failed {
             return Committer::fail_all(batch, StoreError::Io(failed.clone()));
         }
@@ -58,7 +60,8 @@ impl Committer {
                 return Committer::fail_all(batch, e);
             }
         }
-        if let Err(e) = self.append(batch) {
+        let defer = may_defer && self.may_leave_unsynced(batch);
+        if let Err(e) = self.append(batch, !defer) {
             // Nothing of the batch was acknowledged, but parts of it may be on disk
             // with valid checksums. A checkpoint moves the start sequence past them so
             // replay can never apply them; the sequence numbers are never reused. If
@@ -72,6 +75,13 @@ impl Committer {
             return Committer::fail_all(batch, io_error(&e, message));
         }
         self.logs[0].position += self.buffer.len() as u64;
+        if defer {
+            return self.keep_unsynced(batch);
+        }
+        // The sync just made covers the unsynced changes logged before the batch.
+        if let Err(e) = self.apply_synced() {
+            return Committer::fail_all(batch, e);
+        }
         batch
             .drain(..)
             .map(|change| {
@@ -97,6 +107,8 @@ impl Committer {
 
     /// Makes chunk files durable, then restarts the log after everything applied.
     pub(crate) fn checkpoint(&mut self) -> Result<(), StoreError> {
+        // The log is about to forget them: into the chunk files, synced below.
+        self.apply_synced()?;
         self.sync_dirty()?;
         // The log is about to forget the records that carry replication state.
         let metas = self.files.metas.lock().unwrap().clone();

@@ -16,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 use floe_protocol::ChunkId;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 pub use crate::error::StoreError;
@@ -25,6 +26,10 @@ pub use crate::layout::CHUNK_BYTES_MAX;
 pub const READ_BYTES_MAX: u32 = 32 << 20;
 /// Log bytes after which plain mode checkpoints (syncs chunk files, reuses the log).
 const WAL_BYTES_CHECKPOINT: u64 = 256 << 20;
+
+/// Default of [`Tuning::sync_interval`]: bounds what a power cut can take of the
+/// writes a fast write mode acknowledged.
+const SYNC_INTERVAL: Duration = Duration::from_millis(20);
 
 /// How a store runs; the default is a plain store (log and chunk files in one
 /// directory, no emulation).
@@ -55,6 +60,9 @@ pub struct Tuning {
     /// bench/run's hidden switch, the environment variable [`BENCH_UNCHECKED_READS`],
     /// to measure what checking costs.
     pub check_reads: bool,
+    /// Longest an unsynced write waits for a sync when nothing else syncs the log;
+    /// `None`: until something asks (a simulation decides when).
+    pub sync_interval: Option<Duration>,
 }
 
 /// Set (to anything) in a chunk server's environment, its reads skip the block
@@ -67,6 +75,7 @@ impl Default for Tuning {
             manual_replay: false,
             wal_checkpoint_bytes: WAL_BYTES_CHECKPOINT,
             check_reads: std::env::var_os(BENCH_UNCHECKED_READS).is_none(),
+            sync_interval: Some(SYNC_INTERVAL),
         }
     }
 }
@@ -159,6 +168,8 @@ impl Store {
         for journal in &options.journal_dirs {
             disk::sync_dir_and_parents(&*disk, &journal.dir)?;
         }
+        let mut committer = committer;
+        committer.sync_interval = tuning.sync_interval.unwrap_or(Duration::MAX);
         let files = committer.files.clone();
         tokio::spawn(committer.run(queue.clone()));
         Ok(Store {
@@ -229,8 +240,54 @@ impl Store {
         meta: ChunkMeta,
     ) -> Result<(), StoreError> {
         let length = data.len() as u64;
-        self.submit(Kind::Write, chunk, offset, length, meta, data, reservation)
-            .await
+        self.submit(
+            Kind::Write,
+            chunk,
+            offset,
+            length,
+            meta,
+            data,
+            reservation,
+            true,
+        )
+        .await
+    }
+
+    /// [`Store::write_reserved`], resolving once logged rather than durable: a power
+    /// cut may still take it (and every later change), never an earlier one, until
+    /// the next [`Store::sync`] or durable change. Reads see it at once.
+    pub async fn write_unsynced(
+        &self,
+        reservation: Reservation,
+        chunk: ChunkId,
+        offset: u64,
+        data: Bytes,
+        meta: ChunkMeta,
+    ) -> Result<(), StoreError> {
+        let length = data.len() as u64;
+        self.submit(
+            Kind::Write,
+            chunk,
+            offset,
+            length,
+            meta,
+            data,
+            reservation,
+            false,
+        )
+        .await
+    }
+
+    /// Resolves once every change acknowledged before the call is durable.
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        // The committer acknowledges an unsynced write after marking its chunk.
+        if !self.files.unsynced.any() {
+            return Ok(());
+        }
+        let (done, result) = oneshot::channel();
+        self.queue.syncs.lock().unwrap().push(done);
+        self.queue.wake.notify_one();
+        result.await.map_err(|_| StoreError::ShutDown)?
     }
 
     /// Zeroes a range; `punch` frees its space. Resolves once durable.
@@ -258,7 +315,8 @@ impl Store {
         meta: ChunkMeta,
     ) -> Result<(), StoreError> {
         let kind = if punch { Kind::Punch } else { Kind::Zero };
-        self.submit(kind, chunk, offset, length, meta, Bytes::new(), reservation)
+        let data = Bytes::new();
+        self.submit(kind, chunk, offset, length, meta, data, reservation, true)
             .await
     }
 
@@ -272,11 +330,13 @@ impl Store {
             meta,
             Bytes::new(),
             Reservation::none(),
+            true,
         )
         .await
     }
 
-    /// The chunk's durable view and version (zeroes for a chunk never written).
+    /// The chunk's view and version as of its last acknowledged change (durable
+    /// unless that was unsynced; zeroes for a chunk never written).
     pub fn meta(&self, chunk: ChunkId) -> ChunkMeta {
         self.files
             .metas
@@ -301,6 +361,7 @@ impl Store {
             ChunkMeta::default(),
             Bytes::new(),
             Reservation::none(),
+            true,
         )
         .await
     }
@@ -315,6 +376,7 @@ impl Store {
         meta: ChunkMeta,
         data: Bytes,
         reservation: Reservation,
+        sync: bool,
     ) -> Result<(), StoreError> {
         if kind != Kind::DeleteVolume {
             check_range(offset, length)?;
@@ -333,6 +395,7 @@ impl Store {
             header,
             data,
             done,
+            sync,
             _reservation: reservation,
         });
         self.queue.wake.notify_one();
@@ -379,6 +442,10 @@ impl Store {
                 length: length as u64,
             });
         }
+        // Unsynced writes reach the chunk files only once synced.
+        if self.files.unsynced.holds(chunk) {
+            self.sync().await?;
+        }
         let mut out = BytesMut::zeroed(length as usize);
         let read = self.read_into(chunk, offset, &mut out);
         if let Some(at) = hdd::take_paced_until() {
@@ -417,7 +484,8 @@ impl Store {
     }
 
     /// The ranges of the chunk that hold data, as (offset, length), sorted and
-    /// disjoint; the rest are holes. Journaled ranges count as data.
+    /// disjoint; the rest are holes. Journaled ranges count as data, unsynced writes
+    /// only once synced ([`Store::sync`] first for them).
     pub fn extents(&self, chunk: ChunkId) -> Result<Vec<(u64, u64)>, StoreError> {
         let mut out = match self.files.get(chunk, false)? {
             Some(file) => file.data.extents()?,

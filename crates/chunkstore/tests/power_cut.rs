@@ -1,5 +1,5 @@
-//! Power cuts on a simulated disk: random changes (writes small and large, zeroes,
-//! punches, state stamps, volume deletes, replay sweeps), the power cut at a random
+//! Power cuts on a simulated disk: random changes (writes small and large, durable
+//! and unsynced, zeroes, punches, state stamps, volume deletes, syncs, replay sweeps), the power cut at a random
 //! change of the disk (mid-batch, between a sync and the next write, during recovery),
 //! then the store reopened on what the disk kept and checked against a model.
 //!
@@ -7,7 +7,8 @@
 //! check be its changes in submission order, each acknowledged (it returned Ok) or
 //! not (in flight when the power failed); the acknowledged ones come first. The
 //! recovered state must be explained by a point `p` of that history: at or after the
-//! last acknowledged change, with the recovered view and version those of the change
+//! last acknowledged change (an unsynced write counts as acknowledged once a later
+//! sync returned), with the recovered view and version those of the change
 //! at `p` (a replica claims no change it lacks, and loses none it acknowledged). Each
 //! byte must then hold what the history up to `p` leaves there (nothing superseded
 //! resurfaces); in hybrid mode it may also hold what a later unacknowledged change
@@ -19,6 +20,7 @@
 //! replays a run. Run with `--nocapture` to see the counts.
 
 use bytes::Bytes;
+use floe_chunkstore::space::Room;
 use floe_chunkstore::{ChunkMeta, JournalDir, Options, SimDisk, Store, StoreError, Tuning};
 use floe_protocol::ChunkId;
 use proptest::prelude::*;
@@ -60,6 +62,7 @@ enum Op {
         chunk: usize,
         offset: u64,
         length: u64,
+        unsynced: bool,
     },
     Zero {
         chunk: usize,
@@ -81,6 +84,8 @@ enum Step {
     Batch(Vec<Op>),
     /// One replay sweep, then the committer's turn (it resets emptied journals).
     Replay,
+    /// A sync, after every change of the batches before it returned.
+    Sync,
 }
 
 #[derive(Debug, Clone)]
@@ -104,27 +109,35 @@ fn op() -> impl Strategy<Value = Op> {
     let chunk = 0..CHUNKS.len();
     let sectors = |n: u64| (1..=n).prop_map(|s| s * 512);
     let aligned_offset = |length: u64| (0..=(SPAN - length) / 512).prop_map(|s| s * 512);
-    let small = (chunk.clone(), sectors(16)).prop_flat_map(move |(chunk, length)| {
-        aligned_offset(length).prop_map(move |offset| Op::Write {
-            chunk,
-            offset,
-            length,
-        })
-    });
-    let unaligned = (chunk.clone(), 1..5000u64).prop_flat_map(|(chunk, length)| {
-        (0..=SPAN - length).prop_map(move |offset| Op::Write {
-            chunk,
-            offset,
-            length,
-        })
-    });
-    let large = (chunk.clone(), (64 << 10) + 1..(128u64 << 10)).prop_flat_map(|(chunk, length)| {
-        (0..=SPAN - length).prop_map(move |offset| Op::Write {
-            chunk,
-            offset,
-            length,
-        })
-    });
+    let unsynced = || proptest::bool::weighted(0.4);
+    let small =
+        (chunk.clone(), sectors(16), unsynced()).prop_flat_map(move |(chunk, length, unsynced)| {
+            aligned_offset(length).prop_map(move |offset| Op::Write {
+                chunk,
+                offset,
+                length,
+                unsynced,
+            })
+        });
+    let unaligned =
+        (chunk.clone(), 1..5000u64, unsynced()).prop_flat_map(|(chunk, length, unsynced)| {
+            (0..=SPAN - length).prop_map(move |offset| Op::Write {
+                chunk,
+                offset,
+                length,
+                unsynced,
+            })
+        });
+    let large = (chunk.clone(), (64 << 10) + 1..(128u64 << 10), unsynced()).prop_flat_map(
+        |(chunk, length, unsynced)| {
+            (0..=SPAN - length).prop_map(move |offset| Op::Write {
+                chunk,
+                offset,
+                length,
+                unsynced,
+            })
+        },
+    );
     let zero =
         (chunk.clone(), 1..(64u64 << 10), any::<bool>()).prop_flat_map(|(chunk, length, punch)| {
             (0..=SPAN - length).prop_map(move |offset| Op::Zero {
@@ -148,6 +161,7 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         4 => proptest::collection::vec(op(), 1..5).prop_map(Step::Batch),
         1 => Just(Step::Replay),
+        1 => Just(Step::Sync),
     ]
 }
 
@@ -192,6 +206,9 @@ struct Change {
     range: Option<(u64, u64, u64)>,
     /// The chunk's state once applied.
     meta: ChunkMeta,
+    /// It returned Ok.
+    done: bool,
+    /// It must survive a cut: done, and durable when done or synced since.
     acknowledged: bool,
 }
 
@@ -336,6 +353,7 @@ fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
         manual_replay: true,
         wal_checkpoint_bytes: quota,
         check_reads: true,
+        sync_interval: None,
     };
     (options, tuning)
 }
@@ -357,6 +375,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 chunk,
                 offset,
                 length,
+                unsynced,
             } => {
                 let id = model.next_id;
                 model.next_id += 1;
@@ -366,11 +385,16 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 let meta = model.meta(chunk);
                 let store = store.clone();
                 handles.push(tokio::spawn(async move {
+                    let (id, data) = (CHUNKS[chunk], Bytes::from(data));
+                    if !unsynced {
+                        return store.write(id, offset, data, meta).await;
+                    }
+                    let reservation = store.reserve_write(offset, length, Room::Normal)?;
                     store
-                        .write(CHUNKS[chunk], offset, Bytes::from(data), meta)
+                        .write_unsynced(reservation, id, offset, data, meta)
                         .await
                 }));
-                (vec![(chunk, meta)], Some((offset, length, id)))
+                (vec![(chunk, meta, unsynced)], Some((offset, length, id)))
             }
             Op::Zero {
                 chunk,
@@ -383,7 +407,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 handles.push(tokio::spawn(async move {
                     store.zero(CHUNKS[chunk], offset, length, punch, meta).await
                 }));
-                (vec![(chunk, meta)], Some((offset, length, 0)))
+                (vec![(chunk, meta, false)], Some((offset, length, 0)))
             }
             Op::SetMeta { chunk } => {
                 let meta = model.meta(chunk);
@@ -391,7 +415,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 handles.push(tokio::spawn(async move {
                     store.set_meta(CHUNKS[chunk], meta).await
                 }));
-                (vec![(chunk, meta)], None)
+                (vec![(chunk, meta, false)], None)
             }
             Op::DeleteVolume { volume } => {
                 let store = store.clone();
@@ -400,7 +424,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 ));
                 let touched = (0..CHUNKS.len())
                     .filter(|&c| CHUNKS[c].volume_id == volume)
-                    .map(|c| (c, ChunkMeta::default()))
+                    .map(|c| (c, ChunkMeta::default(), false))
                     .collect();
                 (touched, Some((0, SPAN, 0)))
             }
@@ -408,16 +432,17 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
         changes.push((touched, range));
     }
     for (handle, (touched, range)) in handles.into_iter().zip(changes) {
-        let acknowledged = match handle.await.expect("the change's task") {
+        let done = match handle.await.expect("the change's task") {
             Ok(()) => true,
             Err(StoreError::ShutDown) => return Err("the committer died".into()),
             Err(_) => false,
         };
-        for (chunk, meta) in touched {
+        for (chunk, meta, unsynced) in touched {
             model.chunks[chunk].changes.push(Change {
                 range,
                 meta,
-                acknowledged,
+                done,
+                acknowledged: done && !unsynced,
             });
         }
     }
@@ -460,6 +485,13 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
             for step in &epoch.steps {
                 match step {
                     Step::Batch(ops) => run_batch(&store, &mut model, ops).await?,
+                    Step::Sync => {
+                        if store.sync().await.is_ok() {
+                            for change in model.chunks.iter_mut().flat_map(|c| &mut c.changes) {
+                                change.acknowledged = change.done;
+                            }
+                        }
+                    }
                     Step::Replay => {
                         let _ = store.replay_sweep();
                         for _ in 0..3 {
@@ -585,6 +617,7 @@ fn regression_a_new_data_directory_survives_a_power_cut() {
             chunk,
             offset,
             length,
+            unsynced: false,
         };
         regression(
             mode,
@@ -607,6 +640,7 @@ fn regression_an_unaligned_bypass_after_a_journaled_write_in_one_batch() {
         chunk: 0,
         offset,
         length,
+        unsynced: false,
     };
     let zero = |offset, length| Op::Zero {
         chunk: 0,
@@ -634,6 +668,7 @@ fn regression_a_batch_does_not_copy_back_what_it_superseded() {
         chunk,
         offset,
         length,
+        unsynced: false,
     };
     regression(
         Mode::Hybrid,
@@ -699,11 +734,13 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             chunk: 1,
                             offset: 174698,
                             length: 1793,
+                            unsynced: false,
                         },
                         Op::Write {
                             chunk: 0,
                             offset: 62976,
                             length: 2048,
+                            unsynced: false,
                         },
                     ]),
                     Step::Replay,
@@ -719,6 +756,7 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                         chunk: 1,
                         offset: 157184,
                         length: 6656,
+                        unsynced: false,
                     }]),
                     Step::Replay,
                     Step::Batch(vec![
@@ -726,6 +764,7 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             chunk: 1,
                             offset: 38912,
                             length: 2560,
+                            unsynced: false,
                         },
                         Op::Zero {
                             chunk: 2,
@@ -746,11 +785,13 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             chunk: 2,
                             offset: 58808,
                             length: 89256,
+                            unsynced: false,
                         },
                         Op::Write {
                             chunk: 0,
                             offset: 51602,
                             length: 76942,
+                            unsynced: false,
                         },
                     ]),
                     Step::Batch(vec![
@@ -758,16 +799,19 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             chunk: 2,
                             offset: 74240,
                             length: 1024,
+                            unsynced: false,
                         },
                         Op::Write {
                             chunk: 1,
                             offset: 22528,
                             length: 4608,
+                            unsynced: false,
                         },
                         Op::Write {
                             chunk: 1,
                             offset: 11264,
                             length: 8192,
+                            unsynced: false,
                         },
                         Op::SetMeta { chunk: 0 },
                     ]),
@@ -776,16 +820,19 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             chunk: 2,
                             offset: 9728,
                             length: 7168,
+                            unsynced: false,
                         },
                         Op::Write {
                             chunk: 0,
                             offset: 69632,
                             length: 512,
+                            unsynced: false,
                         },
                         Op::Write {
                             chunk: 2,
                             offset: 134656,
                             length: 7168,
+                            unsynced: false,
                         },
                     ]),
                 ],
@@ -799,12 +846,14 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                         chunk: 0,
                         offset: 71168,
                         length: 2560,
+                        unsynced: false,
                     }]),
                     Step::Batch(vec![
                         Op::Write {
                             chunk: 1,
                             offset: 54784,
                             length: 7168,
+                            unsynced: false,
                         },
                         Op::DeleteVolume { volume: 1 },
                     ]),
@@ -812,6 +861,7 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                         chunk: 2,
                         offset: 153600,
                         length: 3072,
+                        unsynced: false,
                     }]),
                     Step::Replay,
                     Step::Batch(vec![
@@ -825,16 +875,19 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             chunk: 2,
                             offset: 132571,
                             length: 1831,
+                            unsynced: false,
                         },
                         Op::Write {
                             chunk: 2,
                             offset: 92160,
                             length: 7680,
+                            unsynced: false,
                         },
                         Op::Write {
                             chunk: 1,
                             offset: 65536,
                             length: 3584,
+                            unsynced: false,
                         },
                     ]),
                     Step::Batch(vec![
@@ -842,12 +895,14 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             chunk: 2,
                             offset: 146432,
                             length: 8192,
+                            unsynced: false,
                         },
                         Op::DeleteVolume { volume: 2 },
                         Op::Write {
                             chunk: 0,
                             offset: 64627,
                             length: 83974,
+                            unsynced: false,
                         },
                         Op::Zero {
                             chunk: 1,

@@ -1,0 +1,135 @@
+//! Writes acknowledged before their log record is synced (the write-back and fast
+//! write modes: the chunk server groups the fdatasync, and a sync request covers
+//! everything acknowledged before it).
+//!
+//! Plain mode only. A batch of nothing but unsynced writes is appended to the log
+//! without an fdatasync and acknowledged; its records are kept here, with their
+//! space reservations, and reach the chunk files only once the log is synced past
+//! them: a chunk file never holds bytes whose record a power cut may drop, so after a
+//! cut replay restores a prefix of the log and each replica is exactly its version. A
+//! read of a chunk with unsynced writes syncs first (reads come from the chunk files).
+//! The next durable change, a [`crate::Store::sync`], a checkpoint, or the interval
+//! (see [`crate::Tuning::sync_interval`]) syncs them all. Hybrid mode syncs every
+//! batch: its journals are read in place and replayed in the background.
+//!
+//! Bounds: at most [`UNSYNCED_BYTES_MAX`] of data, and no more records than one batch
+//! may hold ([`BATCH_RECORDS_MAX`]), so a crash leaves intact records past a torn one
+//! only within the sequence numbers [`Committer::skip_unsynced_seqs`] skips.
+
+use crate::block_sums::Merge;
+use crate::committer::{Change, Committer, Completions, BATCH_RECORDS_MAX};
+use crate::error::StoreError;
+use crate::space::Reservation;
+use crate::wal::{Kind, RecordHeader};
+use bytes::Bytes;
+use floe_protocol::ChunkId;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Data held unsynced before the committer syncs regardless.
+pub(crate) const UNSYNCED_BYTES_MAX: usize = 32 << 20;
+
+/// A change in the log, not yet synced nor in its chunk file.
+pub(crate) struct Unsynced {
+    header: RecordHeader,
+    data: Bytes,
+    _reservation: Reservation,
+}
+
+/// Chunks with unsynced changes, and how many each has: what a read asks before it
+/// trusts a chunk file.
+#[derive(Default)]
+pub(crate) struct UnsyncedChunks(Mutex<HashMap<ChunkId, u32>>);
+
+impl UnsyncedChunks {
+    pub(crate) fn holds(&self, chunk: ChunkId) -> bool {
+        self.0.lock().unwrap().contains_key(&chunk)
+    }
+
+    pub(crate) fn any(&self) -> bool {
+        !self.0.lock().unwrap().is_empty()
+    }
+
+    fn add(&self, chunk: ChunkId) {
+        *self.0.lock().unwrap().entry(chunk).or_default() += 1;
+    }
+
+    fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+}
+
+impl Committer {
+    /// Whether `batch` may be appended without a sync: only unsynced writes, and
+    /// within the bounds of what may stay unsynced.
+    pub(crate) fn may_leave_unsynced(&self, batch: &[Change]) -> bool {
+        let bytes: usize = self.unsynced.iter().map(|u| u.data.len()).sum::<usize>()
+            + batch.iter().map(|c| c.data.len()).sum::<usize>();
+        !self.hybrid()
+            && batch
+                .iter()
+                .all(|c| !c.sync && c.header.kind == Kind::Write)
+            && self.unsynced.len() + batch.len() <= BATCH_RECORDS_MAX
+            && bytes <= UNSYNCED_BYTES_MAX
+    }
+
+    /// Acknowledges a batch just appended without a sync: the replicas' versions
+    /// move on now, the chunk files once the log is synced.
+    pub(crate) fn keep_unsynced(&mut self, batch: &mut Vec<Change>) -> Completions {
+        batch
+            .drain(..)
+            .map(|change| {
+                self.apply_meta(&change.header);
+                self.files.unsynced.add(change.header.chunk);
+                self.unsynced.push(Unsynced {
+                    header: change.header,
+                    data: change.data,
+                    _reservation: change._reservation,
+                });
+                (change.done, Ok(()))
+            })
+            .collect()
+    }
+
+    /// Syncs the log, then applies the unsynced changes to their chunk files.
+    pub(crate) fn sync_unsynced(&mut self) -> Result<(), StoreError> {
+        if let Some(failed) = &self.failed {
+            return Err(StoreError::Io(failed.clone()));
+        }
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.logs[0].file.sync_data() {
+            // Which of the acknowledged records the disk kept is unknown: stop taking
+            // changes (fail-stop); a restart replays what the log holds.
+            return Err(self.fail(format!("syncing the write-ahead log failed: {e}")));
+        }
+        self.apply_synced()
+    }
+
+    /// Applies the unsynced changes to their chunk files once the log holds them
+    /// durably (a sync, or a durable batch appended after them).
+    pub(crate) fn apply_synced(&mut self) -> Result<(), StoreError> {
+        // Until all are applied, reads of their chunks keep asking for a sync (which
+        // fails once the store has failed) rather than read chunk files without them.
+        for change in std::mem::take(&mut self.unsynced) {
+            if let Err(e) = self.apply_file(&change.header, &change.data, Merge::Check) {
+                // Acknowledged and in the log: a restart replays it.
+                return Err(self.fail(format!(
+                    "applying a synced change to chunk {:?} failed: {e}",
+                    change.header.chunk
+                )));
+            }
+        }
+        self.files.unsynced.clear();
+        Ok(())
+    }
+
+    /// Stops the store taking changes, with `message` as every later change's error.
+    fn fail(&mut self, message: String) -> StoreError {
+        let message = format!("{message}: restart the chunk server once the disk is fixed");
+        tracing::error!("{message}");
+        self.failed = Some(message.clone());
+        StoreError::Io(message)
+    }
+}
