@@ -7,7 +7,7 @@
 use super::scrub::{check_chunk, chunks_of};
 use crate::Master;
 use floe_protocol::{ChunkId, ScrubReport, ScrubStatus, ServerId};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -45,6 +45,9 @@ pub(crate) struct Integrity {
     scrubbed: Mutex<HashMap<ChunkId, Instant>>,
     wake: Notify,
     status: Mutex<ScrubStatus>,
+    /// Blocks found lost so far (volume, offset): a block every later scrub finds
+    /// lost again counts once.
+    lost: Mutex<HashSet<(String, u64)>>,
 }
 
 impl Integrity {
@@ -58,6 +61,7 @@ impl Integrity {
                 interval_seconds: settings.interval.map_or(0, |i| i.as_secs()),
                 ..ScrubStatus::default()
             }),
+            lost: Mutex::default(),
         }
     }
 
@@ -69,9 +73,12 @@ impl Integrity {
     pub(crate) fn record(&self, report: &ScrubReport, volume: &str) {
         let mut status = self.status.lock().unwrap();
         status.healed_blocks += report.healed_blocks;
-        status.lost_blocks += report.lost_blocks.len() as u64;
-        for (at, ..) in &report.lost_blocks {
-            status.lost.push(format!("{volume} offset {at}"));
+        let mut seen = self.lost.lock().unwrap();
+        for &(at, ..) in &report.lost_blocks {
+            if seen.insert((volume.to_string(), at)) {
+                status.lost_blocks += 1;
+                status.lost.push(format!("{volume} offset {at}"));
+            }
         }
         let excess = status.lost.len().saturating_sub(LOST_NAMED);
         status.lost.drain(..excess);
