@@ -90,25 +90,33 @@ pub(crate) struct ChunkServer {
 /// A change to a chunk, as the store takes it.
 #[derive(Clone)]
 enum Change {
-    Write(Bytes),
-    Zero { length: u64, punch: bool },
+    /// `unsynced`: acknowledged once logged (see [`Request::Write`]).
+    Write {
+        data: Bytes,
+        unsynced: bool,
+    },
+    Zero {
+        length: u64,
+        punch: bool,
+    },
 }
 
 impl Change {
     fn length(&self) -> u64 {
         match self {
-            Change::Write(data) => data.len() as u64,
+            Change::Write { data, .. } => data.len() as u64,
             Change::Zero { length, .. } => *length,
         }
     }
 
     fn request(&self, chunk: ChunkId, stamp: Stamp, offset: u64, forward: Vec<String>) -> Request {
         match self {
-            Change::Write(data) => Request::Write {
+            Change::Write { data, unsynced } => Request::Write {
                 chunk,
                 stamp,
                 offset,
                 catch_up: false,
+                unsynced: *unsynced,
                 forward,
                 data: data.clone(),
             },
@@ -425,7 +433,7 @@ impl ChunkServer {
                         // Refused for space before the version is taken: the replica
                         // stays as it was, and the writer knows it lacks the change.
                         let reserved = match &change {
-                            Change::Write(data) => {
+                            Change::Write { data, .. } => {
                                 self.store.reserve_write(offset, data.len() as u64, room)
                             }
                             Change::Zero { length, punch } => {
@@ -466,10 +474,21 @@ impl ChunkServer {
         let result = match change {
             // What a writer sends in place of a change every replica refused for
             // space: the version, nothing else, keeps the chunk's versions in sequence.
-            Change::Write(data) if data.is_empty() => self.store.set_meta(chunk, meta).await,
-            Change::Write(data) => {
+            Change::Write { data, .. } if data.is_empty() => self.store.set_meta(chunk, meta).await,
+            Change::Write {
+                data,
+                unsynced: false,
+            } => {
                 self.store
                     .write_reserved(reservation, chunk, offset, data, meta)
+                    .await
+            }
+            Change::Write {
+                data,
+                unsynced: true,
+            } => {
+                self.store
+                    .write_unsynced(reservation, chunk, offset, data, meta)
                     .await
             }
             Change::Zero { length, punch } => {
@@ -630,6 +649,8 @@ impl ChunkServer {
                 }
             }
             ReplicaRequest::Extents { chunk } => {
+                // Unsynced writes reach the chunk file's extents once synced.
+                self.store.sync().await.map_err(control_store_error)?;
                 let version = self.state(chunk).version;
                 let ranges = self.store.extents(chunk).map_err(control_store_error)?;
                 let pending = self
@@ -640,6 +661,24 @@ impl ChunkServer {
                     ranges,
                     pending,
                 })
+            }
+            ReplicaRequest::Sync { chunk, version } => {
+                self.store.sync().await.map_err(control_store_error)?;
+                let held = self.state(chunk).version;
+                let frozen = self
+                    .existing(chunk)
+                    .and_then(|slot| slot.replica.lock().unwrap().frozen);
+                match frozen {
+                    Some(why) => Err((Status::Behind, format!("the replica is {why}"))),
+                    None if held < version => Err((
+                        Status::Behind,
+                        format!(
+                            "replica holds version {held:#x}, not {version:#x}: it lost \
+                             unsynced changes (restarted after a power cut?)"
+                        ),
+                    )),
+                    None => Ok(ReplicaResponse::Done),
+                }
             }
             ReplicaRequest::Checksum { chunk, length } => {
                 let version = self.state(chunk).version;
@@ -723,22 +762,25 @@ impl Handler for ChunkServer {
                 stamp,
                 offset,
                 catch_up: true,
+                unsynced,
                 data,
                 ..
             } => {
-                self.apply_local(chunk, stamp, offset, Change::Write(data), Room::CatchUp)
+                let change = Change::Write { data, unsynced };
+                self.apply_local(chunk, stamp, offset, change, Room::CatchUp)
                     .await
             }
             Request::Write {
                 chunk,
                 stamp,
                 offset,
+                unsynced,
                 forward,
                 data,
                 ..
             } => {
-                self.replicate(chunk, stamp, offset, Change::Write(data), forward)
-                    .await
+                let change = Change::Write { data, unsynced };
+                self.replicate(chunk, stamp, offset, change, forward).await
             }
             Request::Zero {
                 chunk,
@@ -812,6 +854,7 @@ mod tests {
             },
             offset,
             catch_up: false,
+            unsynced: false,
             forward: Vec::new(),
             data: Bytes::from(vec![0xab; 4096]),
         }

@@ -6,7 +6,8 @@
 //! - [`stripe`]: the striping formula, and the layer that turns volume requests into
 //!   chunk requests ([`stripe::Striped`], a [`floe_blockdev::BlockDevice`]).
 //! - [`replicated`]: the chunk layer: the writer's side of the replication protocol
-//!   (versions, majority commit, laggard reports, reads with version checks).
+//!   (versions, majority commit, laggard reports, reads with version checks), and
+//!   write-back's unsynced writes and FLUSH.
 //! - [`flush_epoch`]: Blizzard's flush-epoch write mode, over all of it.
 //!
 //! [`open_volume`] composes them for a volume name: [flush-epoch ->] qos -> stripe ->
@@ -63,7 +64,8 @@ pub async fn open_volume(
     let striped = stripe::Striped::new(layout, size, chunks);
     let device: Arc<dyn BlockDevice> = Arc::new(qos::Qos::new(striped, limits));
     Ok(match write_mode {
-        WriteMode::WriteThrough => device,
+        // The replicated layer writes unsynced and syncs at FLUSH.
+        WriteMode::WriteThrough | WriteMode::WriteBack => device,
         WriteMode::FlushEpoch => Arc::new(flush_epoch::FlushEpoch::new(
             device,
             flush_epoch::LIMIT_BYTES_DEFAULT,

@@ -23,6 +23,8 @@
 //!   master records that placement (checked against the same map) and the writer
 //!   refreshes its map when the master's answer differs.
 
+mod write_back;
+
 use crate::lease::Lease;
 use crate::master::MasterClient;
 use crate::stripe::ChunkIo;
@@ -40,6 +42,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
+use write_back::Unflushed;
 
 /// How long a replica may take before the writer commits without it.
 pub const REPLICA_TIMEOUT: Duration = Duration::from_secs(2);
@@ -104,6 +107,8 @@ pub struct ReplicatedChunks {
     /// When the volume map was last read.
     refreshed_at: Mutex<Option<Instant>>,
     pool: ConnectionPool,
+    /// Chunks written unsynced since the last FLUSH (write-back).
+    unflushed: Unflushed,
 }
 
 fn io_error(e: CallError) -> IoError {
@@ -168,6 +173,7 @@ fn no_op(chunk: ChunkId, stamp: Stamp) -> Request {
         stamp,
         offset: 0,
         catch_up: false,
+        unsynced: false,
         forward: Vec::new(),
         data: Bytes::new(),
     }
@@ -190,6 +196,7 @@ impl ReplicatedChunks {
             refused_for_space: Mutex::default(),
             short_per_master: Mutex::default(),
             refreshed_at: Mutex::default(),
+            unflushed: Unflushed::new(map.volume.spec.write_mode),
         };
         chunks.absorb_map(map);
         chunks
@@ -816,17 +823,19 @@ impl ChunkIo for ReplicatedChunks {
         }
     }
 
-    async fn write(&self, index: u64, offset: u64, data: Bytes) -> Result<(), IoError> {
+    async fn write(&self, index: u64, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
         if self.replicas(index).is_none() {
             self.lease.as_ref().ok_or(IoError::ReadOnly)?.check()?;
             self.allocate(index).await?;
         }
         let chunk = self.chunk_id(index);
+        let unsynced = !fua && self.unflushed.note(index);
         self.change(index, data.len(), |stamp, forward| Request::Write {
             chunk,
             stamp,
             offset,
             catch_up: false,
+            unsynced,
             forward,
             data: data.clone(),
         })
@@ -849,6 +858,10 @@ impl ChunkIo for ReplicatedChunks {
             forward,
         })
         .await
+    }
+
+    async fn flush(&self) -> Result<(), IoError> {
+        self.sync_unflushed().await
     }
 
     fn is_allocated(&self, index: u64) -> bool {

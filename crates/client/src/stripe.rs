@@ -119,8 +119,11 @@ impl Layout {
 #[async_trait]
 pub trait ChunkIo: Send + Sync + 'static {
     async fn read(&self, chunk: u64, offset: u64, length: u32) -> Result<Bytes, IoError>;
-    async fn write(&self, chunk: u64, offset: u64, data: Bytes) -> Result<(), IoError>;
+    /// `fua` as in [`BlockDevice::write`].
+    async fn write(&self, chunk: u64, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError>;
     async fn zero(&self, chunk: u64, offset: u64, length: u64, punch: bool) -> Result<(), IoError>;
+    /// Makes every write that completed before this call durable.
+    async fn flush(&self) -> Result<(), IoError>;
     fn is_allocated(&self, chunk: u64) -> bool;
 }
 
@@ -184,7 +187,7 @@ impl<C: ChunkIo> BlockDevice for Striped<C> {
         Ok(out.freeze())
     }
 
-    async fn write(&self, offset: u64, data: Bytes, _fua: bool) -> Result<(), IoError> {
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
         check_range(self.size, offset, data.len() as u64)?;
         let writes = self
             .layout
@@ -203,14 +206,13 @@ impl<C: ChunkIo> BlockDevice for Striped<C> {
                         gathered.freeze()
                     }
                 };
-                self.chunks.write(run.chunk, run.chunk_offset, part)
+                self.chunks.write(run.chunk, run.chunk_offset, part, fua)
             });
         futures::future::try_join_all(writes).await.map(drop)
     }
 
-    /// Every write below is durable when acknowledged, so there is nothing to flush.
     async fn flush(&self) -> Result<(), IoError> {
-        Ok(())
+        self.chunks.flush().await
     }
 
     async fn trim(&self, offset: u64, length: u64) -> Result<(), IoError> {
@@ -319,9 +321,18 @@ mod tests {
         async fn read(&self, chunk: u64, offset: u64, length: u32) -> Result<Bytes, IoError> {
             self.chunks[chunk as usize].read(offset, length).await
         }
-        async fn write(&self, chunk: u64, offset: u64, data: Bytes) -> Result<(), IoError> {
+        async fn write(
+            &self,
+            chunk: u64,
+            offset: u64,
+            data: Bytes,
+            fua: bool,
+        ) -> Result<(), IoError> {
             self.allocated.lock().unwrap().insert(chunk);
-            self.chunks[chunk as usize].write(offset, data, false).await
+            self.chunks[chunk as usize].write(offset, data, fua).await
+        }
+        async fn flush(&self) -> Result<(), IoError> {
+            Ok(())
         }
         async fn zero(
             &self,

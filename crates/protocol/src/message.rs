@@ -17,6 +17,9 @@ const KIND_READ: u16 = 3;
 const KIND_ZERO: u16 = 4;
 const KIND_MASTER: u16 = 5;
 const KIND_REPLICA: u16 = 6;
+/// Bits of a write's flags byte.
+const WRITE_CATCH_UP: u8 = 1;
+const WRITE_UNSYNCED: u8 = 2;
 
 /// Bounds the backup list a primary will forward to.
 pub const FORWARD_MAX: usize = 8;
@@ -35,6 +38,10 @@ pub enum Request {
         /// Sent again to a replica that refused it for space while others took it:
         /// it may use the room kept for catching up, so the replicas stay equal.
         catch_up: bool,
+        /// Acknowledged once the replica logged it, before its sync (write-back): a
+        /// power cut of the replica may still take it until a
+        /// [`ReplicaRequest::Sync`] covering it returned.
+        unsynced: bool,
         forward: Vec<String>,
         data: Bytes,
     },
@@ -226,6 +233,9 @@ pub enum ReplicaRequest {
     LogSince { chunk: ChunkId, since: u64 },
     /// The ranges holding data (everything else is a hole).
     Extents { chunk: ChunkId },
+    /// Answers once every change the replica acknowledged is durable, if it holds
+    /// `version` (`Behind` if not: it lost unsynced changes to a power cut).
+    Sync { chunk: ChunkId, version: u64 },
     /// Brings this replica up to date from the replica at `source`, copying at most
     /// `bytes_per_second` (see [`RepairKind`]).
     Repair {
@@ -276,6 +286,7 @@ impl ReplicaRequest {
             | ReplicaRequest::SetView { chunk, .. }
             | ReplicaRequest::LogSince { chunk, .. }
             | ReplicaRequest::Extents { chunk }
+            | ReplicaRequest::Sync { chunk, .. }
             | ReplicaRequest::Repair { chunk, .. }
             | ReplicaRequest::Checksum { chunk, .. }
             | ReplicaRequest::Heal { chunk, .. }
@@ -498,13 +509,16 @@ impl Request {
                 stamp,
                 offset,
                 catch_up,
+                unsynced,
                 forward,
                 data: d,
             } => {
                 put_chunk(&mut f, *chunk);
                 put_stamp(&mut f, stamp);
                 f.put_u64_le(*offset);
-                f.put_u8(u8::from(*catch_up));
+                f.put_u8(
+                    (u8::from(*catch_up) * WRITE_CATCH_UP) | (u8::from(*unsynced) * WRITE_UNSYNCED),
+                );
                 put_forward(&mut f, forward);
                 data = d.clone();
                 KIND_WRITE
@@ -567,14 +581,18 @@ impl Request {
                 let chunk = r.chunk()?;
                 let stamp = r.stamp()?;
                 let offset = r.u64()?;
-                let catch_up = r.u8()? != 0;
+                let flags = r.u8()?;
+                if flags & !(WRITE_CATCH_UP | WRITE_UNSYNCED) != 0 {
+                    return Err(FrameError::Malformed(r.what));
+                }
                 let forward = r.forward()?;
                 let data = std::mem::take(&mut r.buf);
                 Request::Write {
                     chunk,
                     stamp,
                     offset,
-                    catch_up,
+                    catch_up: flags & WRITE_CATCH_UP != 0,
+                    unsynced: flags & WRITE_UNSYNCED != 0,
                     forward,
                     data,
                 }
@@ -706,8 +724,18 @@ mod tests {
             stamp,
             offset: 4096,
             catch_up: true,
+            unsynced: false,
             forward: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
             data: Bytes::from(vec![5u8; 4096]),
+        });
+        roundtrip(Request::Write {
+            chunk,
+            stamp,
+            offset: 0,
+            catch_up: false,
+            unsynced: true,
+            forward: Vec::new(),
+            data: Bytes::from(vec![6u8; 512]),
         });
         roundtrip(Request::Read {
             chunk,

@@ -157,14 +157,19 @@ pub enum WriteMode {
     /// Once durable on the replicas: every acknowledged write survives.
     #[default]
     WriteThrough,
+    /// Once accepted by the replicas, before they sync it; a FLUSH makes every
+    /// earlier write durable (the replicas sync). FUA writes are durable before their
+    /// reply.
+    WriteBack,
     /// At once; a FLUSH is an ordering point: a crash keeps a prefix of the epochs
     /// between FLUSHes. FUA writes are durable before their reply.
     FlushEpoch,
 }
 
 impl WriteMode {
-    const NAMES: [(&'static str, WriteMode); 2] = [
+    const NAMES: [(&'static str, WriteMode); 3] = [
         ("write-through", WriteMode::WriteThrough),
+        ("write-back", WriteMode::WriteBack),
         ("flush-epoch", WriteMode::FlushEpoch),
     ];
 }

@@ -102,6 +102,11 @@ impl FioJob {
         self.arg(format!("--randseed={seed}"))
     }
 
+    /// An NBD FLUSH after every `writes` writes.
+    pub fn fsync(self, writes: u32) -> FioJob {
+        self.arg(format!("--fsync={writes}"))
+    }
+
     /// Runs for `seconds` whatever the size (fio goes round the region again).
     pub fn runtime(self, seconds: u64) -> FioJob {
         self.arg("--time_based".into())

@@ -22,4 +22,5 @@ mod netcut;
 mod qos;
 mod scrub;
 mod takeover;
+mod write_back;
 mod write_modes;

@@ -1,0 +1,90 @@
+//! Write-back (the volume's [`WriteMode::WriteBack`]): a write that is not FUA goes to
+//! the replicas marked unsynced, and commits as any change once every good replica
+//! (or a majority, the rest left behind) logged it; the replicas sync it in groups
+//! (see `floe_chunkstore`'s `unsynced`). A FLUSH asks every good replica of each chunk
+//! written since the last FLUSH to sync (`ReplicaRequest::Sync` at the chunk's
+//! committed version); it succeeds once a majority of each did, the others left
+//! behind as for a change, so a power cut of every server afterwards keeps each
+//! flushed write on a majority, where the next writer learns its version. A replica
+//! that lost unsynced writes to a power cut answers `Behind`; with too few left the
+//! FLUSH fails and the chunks stay unflushed for the next one.
+
+use super::{Replicas, ReplicatedChunks, REPLICA_TIMEOUT};
+use floe_blockdev::IoError;
+use floe_protocol::{ReplicaRequest, Request, ServerId, WriteMode};
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+/// Chunks written unsynced since the last FLUSH; `None` unless write-back.
+pub(super) struct Unflushed(Option<Mutex<BTreeSet<u64>>>);
+
+impl Unflushed {
+    pub(super) fn new(mode: WriteMode) -> Unflushed {
+        Unflushed((mode == WriteMode::WriteBack).then(Mutex::default))
+    }
+
+    /// Whether a write to chunk `index` goes unsynced; if so the chunk is noted
+    /// before the write is sent, so a FLUSH after its reply covers it.
+    pub(super) fn note(&self, index: u64) -> bool {
+        self.0.as_ref().is_some_and(|chunks| {
+            chunks.lock().unwrap().insert(index);
+            true
+        })
+    }
+}
+
+impl ReplicatedChunks {
+    /// Makes every write that completed before the call durable on a majority of
+    /// each chunk's replicas.
+    pub(super) async fn sync_unflushed(&self) -> Result<(), IoError> {
+        let Some(unflushed) = &self.unflushed.0 else {
+            return Ok(());
+        };
+        let chunks = std::mem::take(&mut *unflushed.lock().unwrap());
+        let results =
+            futures::future::join_all(chunks.iter().map(|&index| self.sync_chunk(index))).await;
+        let mut failed = None;
+        for (index, result) in chunks.into_iter().zip(results) {
+            if let Err(e) = result {
+                unflushed.lock().unwrap().insert(index);
+                failed.get_or_insert(e);
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    async fn sync_chunk(&self, index: u64) -> Result<(), IoError> {
+        // Every good replica holds the committed version: one that missed a change
+        // was left behind before the change committed.
+        let version = self.chunks.lock().unwrap()[&index].committed;
+        let Replicas { good, majority, .. } = self.replicas(index).expect("allocated");
+        let request = Request::Replica(ReplicaRequest::Sync {
+            chunk: self.chunk_id(index),
+            version,
+        });
+        let replies = futures::future::join_all(good.iter().map(|(_, address)| {
+            self.pool
+                .call_within(address, request.clone(), REPLICA_TIMEOUT)
+        }))
+        .await;
+        let failed: Vec<(ServerId, _)> = good
+            .iter()
+            .zip(replies)
+            .filter_map(|((id, _), reply)| reply.err().map(|e| (*id, e)))
+            .collect();
+        if good.len() - failed.len() < majority {
+            let why = failed
+                .first()
+                .map_or_else(|| "no good replica".to_string(), |(_, e)| e.to_string());
+            return Err(IoError::Io(format!(
+                "chunk {index}: the flush made {} of {} replicas durable, {majority} needed: {why}",
+                good.len() - failed.len(),
+                good.len()
+            )));
+        }
+        for (id, why) in failed {
+            self.leave_behind(index, id, &why).await;
+        }
+        Ok(())
+    }
+}
