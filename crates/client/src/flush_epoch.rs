@@ -3,9 +3,15 @@
 //! Writes (and zeroes and trims) are acknowledged at once and reach the volume below
 //! in epoch order: a FLUSH closes the current epoch, and no change of a later epoch is
 //! issued before every change of the earlier ones is durable. A crash of the gateway
-//! therefore leaves the volume holding a prefix of the epochs: all up to some R, part
-//! of R+1, nothing later. Within an epoch changes go out concurrently; one that
-//! overlaps an earlier change still unretired waits for it, so the later one wins.
+//! (or of every server) therefore leaves the volume holding a prefix of the epochs:
+//! all up to some R, part of R+1, nothing later. Within an epoch changes go out
+//! concurrently; one that overlaps an earlier change still in flight waits for it, so
+//! the later one wins.
+//!
+//! The volume below writes unsynced (see `replicated::write_back`): a change is done
+//! when the replicas logged it, and retires once a FLUSH of the volume below, begun
+//! after it was done, returned. One such flush at a time covers every change done
+//! before it: the replicas sync in groups, not per write.
 //!
 //! - Reads see the latest acknowledged write: unretired changes overlay the volume.
 //! - A FUA write is durable before its reply (a file system's commit record relies on
@@ -65,6 +71,8 @@ struct Change {
     offset: u64,
     what: What,
     issued: bool,
+    /// Its result from the volume below, once it has one; it then waits for a flush.
+    done: Option<Result<(), IoError>>,
     /// A FUA write's reply, sent once it is durable.
     durable: Option<oneshot::Sender<Result<(), IoError>>>,
 }
@@ -86,11 +94,13 @@ struct Queue {
     failed: Option<IoError>,
     /// The layer was dropped: retire what is left, then stop.
     closing: bool,
+    /// A flush of the volume below is under way.
+    flushing: bool,
 }
 
 impl Queue {
     /// Marks as issued, and returns, every change that may go now: of the oldest
-    /// epoch still unretired, overlapping no earlier unretired change.
+    /// epoch still unretired, overlapping no earlier change still in flight.
     fn issuable(&mut self) -> Vec<(u64, u64, What)> {
         let Some(oldest) = self.changes.front().map(|c| c.epoch) else {
             return Vec::new();
@@ -106,7 +116,7 @@ impl Queue {
                 .changes
                 .iter()
                 .take(i)
-                .any(|earlier| earlier.overlaps(offset, length));
+                .any(|earlier| earlier.done.is_none() && earlier.overlaps(offset, length));
             if !change.issued && !blocked {
                 let change = &mut self.changes[i];
                 change.issued = true;
@@ -116,12 +126,49 @@ impl Queue {
         out
     }
 
-    fn retire(&mut self, id: u64, result: Result<(), IoError>) {
-        let at = self
-            .changes
+    fn position(&self, id: u64) -> usize {
+        self.changes
             .iter()
             .position(|c| c.id == id)
-            .expect("an issued change is unretired until it completes");
+            .expect("an issued change is unretired until it is flushed")
+    }
+
+    /// The volume below answered an issued change.
+    fn done(&mut self, id: u64, result: Result<(), IoError>) {
+        let at = self.position(id);
+        let change = &mut self.changes[at];
+        assert!(change.issued && change.done.is_none(), "answered once");
+        change.done = Some(result);
+    }
+
+    /// Marks a flush under way and returns the changes it covers: every one done.
+    fn flush_due(&mut self) -> Vec<u64> {
+        if self.flushing {
+            return Vec::new();
+        }
+        let ids: Vec<u64> = self
+            .changes
+            .iter()
+            .filter(|c| c.done.is_some())
+            .map(|c| c.id)
+            .collect();
+        self.flushing = !ids.is_empty();
+        ids
+    }
+
+    /// A flush of the volume below that began after changes `ids` were done returned
+    /// `flushed`: they retire.
+    fn flushed(&mut self, ids: &[u64], flushed: Result<(), IoError>) {
+        assert!(self.flushing);
+        self.flushing = false;
+        for &id in ids {
+            let at = self.position(id);
+            let result = self.changes[at].done.take().expect("done before the flush");
+            self.retire(at, result.and(flushed.clone()));
+        }
+    }
+
+    fn retire(&mut self, at: usize, result: Result<(), IoError>) {
         let change = self.changes.remove(at).expect("found");
         self.bytes -= change.what.length();
         if let Err(e) = &result {
@@ -191,6 +238,7 @@ impl FlushEpoch {
                         offset,
                         what,
                         issued: false,
+                        done: None,
                         durable: reply,
                     });
                     break durable;
@@ -248,13 +296,21 @@ async fn dispatch(shared: Arc<Shared>, live: Live) {
     let _live = live;
     loop {
         let changed = shared.changed.notified();
-        let issue = {
+        let (issue, flush) = {
             let mut queue = shared.queue.lock().unwrap();
             if queue.closing && queue.changes.is_empty() {
                 break;
             }
-            queue.issuable()
+            (queue.issuable(), queue.flush_due())
         };
+        if !flush.is_empty() {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let flushed = shared.inner.flush().await;
+                shared.queue.lock().unwrap().flushed(&flush, flushed);
+                shared.changed.notify_waiters();
+            });
+        }
         for (id, offset, what) in issue {
             let shared = shared.clone();
             tokio::spawn(async move {
@@ -266,7 +322,7 @@ async fn dispatch(shared: Arc<Shared>, live: Live) {
                     }
                     What::Trim { length } => inner.trim(offset, length).await,
                 };
-                shared.queue.lock().unwrap().retire(id, result);
+                shared.queue.lock().unwrap().done(id, result);
                 shared.changed.notify_waiters();
             });
         }
@@ -368,6 +424,9 @@ mod tests {
         issued: Mutex<Vec<u8>>,
         gate: Semaphore,
         broken: std::sync::atomic::AtomicBool,
+        /// A flush takes a permit (plenty unless a test holds them) and is counted.
+        flush_gate: Semaphore,
+        flushes: AtomicUsize,
     }
 
     impl Gated {
@@ -377,6 +436,8 @@ mod tests {
                 issued: Mutex::default(),
                 gate: Semaphore::new(0),
                 broken: Default::default(),
+                flush_gate: Semaphore::new(Semaphore::MAX_PERMITS),
+                flushes: AtomicUsize::new(0),
             })
         }
 
@@ -403,6 +464,8 @@ mod tests {
             self.inner.write(offset, data, fua).await
         }
         async fn flush(&self) -> Result<(), IoError> {
+            self.flush_gate.acquire().await.unwrap().forget();
+            self.flushes.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }
         async fn trim(&self, offset: u64, length: u64) -> Result<(), IoError> {
@@ -450,6 +513,37 @@ mod tests {
         settle().await;
         assert_eq!(gated.issued().last(), Some(&3));
         assert_eq!(gated.inner.read(8192, 4096).await.unwrap(), block(3));
+    }
+
+    /// The volume below acknowledges unsynced: an epoch retires, and the next goes out,
+    /// only once a flush below returned; one flush covers many writes.
+    #[tokio::test]
+    async fn the_next_epoch_waits_for_a_flush_below_that_covers_the_last() {
+        let gated = Gated::new();
+        gated.flush_gate.forget_permits(Semaphore::MAX_PERMITS);
+        let layer = Arc::new(FlushEpoch::new(gated.clone(), LIMIT_BYTES_DEFAULT));
+        for i in 0..8u8 {
+            layer
+                .write(u64::from(i) * 4096, block(i), false)
+                .await
+                .unwrap();
+        }
+        layer.flush().await.unwrap();
+        let fua = tokio::spawn({
+            let layer = layer.clone();
+            async move { layer.write(65536, block(9), true).await }
+        });
+        gated.gate.add_permits(8);
+        settle().await;
+        assert_eq!(gated.issued().len(), 8, "epoch 2 waits for a flush below");
+        assert!(!fua.is_finished(), "a FUA write waits for its flush");
+        gated.flush_gate.add_permits(1);
+        settle().await;
+        assert_eq!(gated.issued().len(), 9, "one flush retired all of epoch 1");
+        gated.gate.add_permits(1);
+        gated.flush_gate.add_permits(1);
+        fua.await.unwrap().unwrap();
+        assert_eq!(gated.flushes.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test]

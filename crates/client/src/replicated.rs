@@ -829,17 +829,22 @@ impl ChunkIo for ReplicatedChunks {
             self.allocate(index).await?;
         }
         let chunk = self.chunk_id(index);
-        let unsynced = !fua && self.unflushed.note(index);
-        self.change(index, data.len(), |stamp, forward| Request::Write {
-            chunk,
-            stamp,
-            offset,
-            catch_up: false,
-            unsynced,
-            forward,
-            data: data.clone(),
-        })
-        .await
+        let unsynced = !fua && self.unflushed.enabled();
+        let committed = self
+            .change(index, data.len(), |stamp, forward| Request::Write {
+                chunk,
+                stamp,
+                offset,
+                catch_up: false,
+                unsynced,
+                forward,
+                data: data.clone(),
+            })
+            .await;
+        if unsynced && committed.is_ok() {
+            self.unflushed.note(index);
+        }
+        committed
     }
 
     /// An unallocated chunk already reads as zeroes: nothing to do, as long as this

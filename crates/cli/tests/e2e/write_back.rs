@@ -6,7 +6,7 @@
 
 use crate::cluster::{free_ports, Cluster};
 use crate::fio_job::{assert_clean, FioJob, Verify};
-use crate::io_helpers::{floe_output, qemu_io, text};
+use crate::io_helpers::qemu_io;
 
 #[test]
 fn write_back_volumes_read_back_what_fio_and_qemu_io_wrote_with_and_without_flushes() {
@@ -52,26 +52,5 @@ fn write_back_volumes_read_back_what_fio_and_qemu_io_wrote_with_and_without_flus
             "read -P 0x5a 512M 64k",
             "read -P 0x5b 513M 4k",
         ],
-    );
-}
-
-#[test]
-fn write_modes_have_names_and_switch_at_the_next_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(dir.path());
-    cluster.floe(&["volume", "set-write-mode", "demo", "write-back"]);
-    let list = cluster.floe(&["volume", "list"]);
-    assert!(list.contains("write-back"), "{list}");
-    let bad = floe_output(
-        &cluster,
-        &["volume", "set-write-mode", "demo", "write-backwards"],
-    );
-    let said = text(&bad);
-    assert!(!bad.status.success(), "{said}");
-    assert!(
-        said.contains("write-through")
-            && said.contains("write-back")
-            && said.contains("flush-epoch"),
-        "the error names the modes: {said}"
     );
 }

@@ -185,7 +185,10 @@ fn a_flush_epoch_volume_keeps_a_prefix_of_its_epochs_when_its_gateway_is_killed(
     ]));
     assert!(!bad.status.success());
     let stderr = String::from_utf8_lossy(&bad.stderr);
-    assert!(stderr.contains("write-through, flush-epoch"), "{stderr}");
+    assert!(
+        stderr.contains("write-through, write-back, flush-epoch"),
+        "{stderr}"
+    );
 
     // The replicas take writes slower than the client acknowledges them, so a kill
     // finds many epochs unretired: an order broken anywhere shows.

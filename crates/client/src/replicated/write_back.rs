@@ -1,4 +1,5 @@
-//! Write-back (the volume's [`WriteMode::WriteBack`]): a write that is not FUA goes to
+//! Write-back (the volume's [`WriteMode::WriteBack`], and below flush-epoch's layer): a
+//! write that is not FUA goes to
 //! the replicas marked unsynced, and commits as any change once every good replica
 //! (or a majority, the rest left behind) logged it; the replicas sync it in groups
 //! (see `floe_chunkstore`'s `unsynced`). A FLUSH asks every good replica of each chunk
@@ -15,21 +16,29 @@ use floe_protocol::{ReplicaRequest, Request, ServerId, WriteMode};
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-/// Chunks written unsynced since the last FLUSH; `None` unless write-back.
+/// Chunks written unsynced since the last FLUSH; `None` in write-through.
 pub(super) struct Unflushed(Option<Mutex<BTreeSet<u64>>>);
 
 impl Unflushed {
+    /// Write-back writes unsynced; so does flush-epoch's layer, which flushes before
+    /// it retires changes.
     pub(super) fn new(mode: WriteMode) -> Unflushed {
-        Unflushed((mode == WriteMode::WriteBack).then(Mutex::default))
+        let unsynced = matches!(mode, WriteMode::WriteBack | WriteMode::FlushEpoch);
+        Unflushed(unsynced.then(Mutex::default))
     }
 
-    /// Whether a write to chunk `index` goes unsynced; if so the chunk is noted
-    /// before the write is sent, so a FLUSH after its reply covers it.
-    pub(super) fn note(&self, index: u64) -> bool {
-        self.0.as_ref().is_some_and(|chunks| {
+    /// Whether writes that are not FUA go unsynced.
+    pub(super) fn enabled(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// An unsynced write to chunk `index` committed: noted before its reply, so a
+    /// FLUSH after the reply covers it (noted at the send, a FLUSH meanwhile would
+    /// take the note before the write committed, and cover it neither then nor later).
+    pub(super) fn note(&self, index: u64) {
+        if let Some(chunks) = &self.0 {
             chunks.lock().unwrap().insert(index);
-            true
-        })
+        }
     }
 }
 
