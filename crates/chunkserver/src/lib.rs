@@ -14,7 +14,7 @@ mod staging;
 use bytes::Bytes;
 use floe_chunkstore::space::Room;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
-use floe_chunkstore::{ChunkMeta, Store, StoreError};
+use floe_chunkstore::{ChunkMeta, Durability, Store, StoreError};
 pub use floe_chunkstore::{JournalDir, Options as StoreOptions};
 use floe_protocol::connection::CallError;
 use floe_protocol::server::{self, Handler};
@@ -475,20 +475,13 @@ impl ChunkServer {
             // What a writer sends in place of a change every replica refused for
             // space: the version, nothing else, keeps the chunk's versions in sequence.
             Change::Write { data, .. } if data.is_empty() => self.store.set_meta(chunk, meta).await,
-            Change::Write {
-                data,
-                unsynced: false,
-            } => {
+            Change::Write { data, unsynced } => {
+                let durability = match unsynced {
+                    true => Durability::Unsynced,
+                    false => Durability::Synced,
+                };
                 self.store
-                    .write_reserved(reservation, chunk, offset, data, meta)
-                    .await
-            }
-            Change::Write {
-                data,
-                unsynced: true,
-            } => {
-                self.store
-                    .write_unsynced(reservation, chunk, offset, data, meta)
+                    .write_reserved(reservation, chunk, offset, data, meta, durability)
                     .await
             }
             Change::Zero { length, punch } => {

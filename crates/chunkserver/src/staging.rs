@@ -13,7 +13,7 @@
 
 use floe_chunkstore::space::Room;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
-use floe_chunkstore::{ChunkMeta, Store, StoreError};
+use floe_chunkstore::{ChunkMeta, Durability, Store, StoreError};
 use floe_protocol::{ChunkId, CHUNK_INDEX_LIMIT};
 
 /// Bytes per read of the staging chunk.
@@ -152,7 +152,7 @@ async fn apply(store: &Store, chunk: ChunkId, kind: Staged) -> Result<u64, Store
             // it may use the room kept for catching up.
             let reservation = store.reserve_write(at, n, Room::CatchUp)?;
             store
-                .write_reserved(reservation, chunk, at, data, unknown)
+                .write_reserved(reservation, chunk, at, data, unknown, Durability::Synced)
                 .await?;
             at += n;
             bytes += n;

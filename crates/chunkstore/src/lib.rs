@@ -64,4 +64,4 @@ pub mod wal;
 pub use disk::{Disk, DiskFile, RealDisk, SimDisk};
 pub use journal::JournalDir;
 pub use meta::ChunkMeta;
-pub use store::{Options, Store, StoreError, Tuning};
+pub use store::{Durability, Options, Store, StoreError, Tuning};

@@ -31,6 +31,17 @@ const WAL_BYTES_CHECKPOINT: u64 = 256 << 20;
 /// writes a fast write mode acknowledged.
 const SYNC_INTERVAL: Duration = Duration::from_millis(20);
 
+/// When a write resolves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Once durable.
+    Synced,
+    /// Once logged: a power cut may still take it (and every later change), never an
+    /// earlier one, until the next [`Store::sync`] or durable change (see
+    /// [`crate::unsynced`]). Reads see it at once.
+    Unsynced,
+}
+
 /// How a store runs; the default is a plain store (log and chunk files in one
 /// directory, no emulation).
 #[derive(Debug, Clone, Default)]
@@ -226,11 +237,12 @@ impl Store {
         meta: ChunkMeta,
     ) -> Result<(), StoreError> {
         let reservation = self.reserve_write(offset, data.len() as u64, Room::Normal)?;
-        self.write_reserved(reservation, chunk, offset, data, meta)
+        self.write_reserved(reservation, chunk, offset, data, meta, Durability::Synced)
             .await
     }
 
-    /// [`Store::write`] into space reserved by [`Store::reserve_write`].
+    /// [`Store::write`] into space reserved by [`Store::reserve_write`], resolving as
+    /// `durability` says.
     pub async fn write_reserved(
         &self,
         reservation: Reservation,
@@ -238,8 +250,10 @@ impl Store {
         offset: u64,
         data: Bytes,
         meta: ChunkMeta,
+        durability: Durability,
     ) -> Result<(), StoreError> {
         let length = data.len() as u64;
+        let sync = durability == Durability::Synced;
         self.submit(
             Kind::Write,
             chunk,
@@ -248,32 +262,7 @@ impl Store {
             meta,
             data,
             reservation,
-            true,
-        )
-        .await
-    }
-
-    /// [`Store::write_reserved`], resolving once logged rather than durable: a power
-    /// cut may still take it (and every later change), never an earlier one, until
-    /// the next [`Store::sync`] or durable change. Reads see it at once.
-    pub async fn write_unsynced(
-        &self,
-        reservation: Reservation,
-        chunk: ChunkId,
-        offset: u64,
-        data: Bytes,
-        meta: ChunkMeta,
-    ) -> Result<(), StoreError> {
-        let length = data.len() as u64;
-        self.submit(
-            Kind::Write,
-            chunk,
-            offset,
-            length,
-            meta,
-            data,
-            reservation,
-            false,
+            sync,
         )
         .await
     }

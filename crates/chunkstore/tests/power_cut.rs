@@ -21,7 +21,9 @@
 
 use bytes::Bytes;
 use floe_chunkstore::space::Room;
-use floe_chunkstore::{ChunkMeta, JournalDir, Options, SimDisk, Store, StoreError, Tuning};
+use floe_chunkstore::{
+    ChunkMeta, Durability, JournalDir, Options, SimDisk, Store, StoreError, Tuning,
+};
 use floe_protocol::ChunkId;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -391,7 +393,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                     }
                     let reservation = store.reserve_write(offset, length, Room::Normal)?;
                     store
-                        .write_unsynced(reservation, id, offset, data, meta)
+                        .write_reserved(reservation, id, offset, data, meta, Durability::Unsynced)
                         .await
                 }));
                 (vec![(chunk, meta, unsynced)], Some((offset, length, id)))
