@@ -140,6 +140,13 @@ impl State {
             };
             let mut lease: Lease = serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
             lease.expires = Some(Instant::now() + LEASE_TERM);
+            // The grant of this generation may have queued an audit of the writers
+            // before it (see `acquire_lease`) that the last master did not finish: the
+            // queue lives in memory, and the holder may release cleanly before this
+            // lease could lapse, so audit again.
+            if lease.generation > 1 {
+                state.audits.insert(volume_id, lease.generation - 1);
+            }
             state.leases.insert(volume_id, lease);
         }
         for (key, _) in scan("deleted/").await.map_err(|e| e.to_string())? {

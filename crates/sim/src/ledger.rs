@@ -6,6 +6,16 @@
 //! returned (they may or may not have landed). A read must return the last
 //! acknowledged write or one of those after it; anything else lost an acknowledged
 //! write or brought a superseded one back.
+//!
+//! Write-back (`WriteMode::WriteBack`): an acknowledged write that is not FUA survives
+//! a kill -9 but not necessarily a power cut, until a FLUSH that began after its
+//! acknowledgment completed (on the device that acknowledged it). So each block also
+//! has a *floor*: the last write known durable (FUA, a zero, or the latest write a
+//! completed FLUSH covers), and every write after it (acknowledged or not). Until a
+//! power cut the strict rule holds; once one happened, a block whose last
+//! acknowledgment came before it may hold its floor or any write after it. In
+//! write-through every acknowledged write is durable: floor and last acknowledged
+//! write are one, and the rule is the strict one.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::BTreeMap;
@@ -18,9 +28,23 @@ pub const BLOCK_BYTES: u64 = 4096;
 struct History {
     /// Content id of the last acknowledged write (0: zeroes, never written).
     acked: u64,
+    /// When it began (the ledger's sequence, see [`Inner::seq`]).
+    acked_began: u64,
     /// Content ids of later writes that failed or never returned.
     uncertain: Vec<u64>,
+    /// Content id of the last write known durable: a power cut cannot take it.
+    floor: u64,
+    /// Writes after the floor, oldest first.
+    after_floor: Vec<Later>,
     busy: bool,
+}
+
+/// A write after a block's floor.
+#[derive(Clone, Copy, Debug)]
+struct Later {
+    id: u64,
+    /// Acknowledged (not durably) to this device, at this sequence number.
+    acked: Option<(u64, u64)>,
 }
 
 /// An acknowledged write, for the split-brain check.
@@ -34,9 +58,14 @@ pub struct Ack {
 #[derive(Default)]
 struct Inner {
     blocks: BTreeMap<u64, History>,
+    /// Orders acknowledgments, FLUSHes and power cuts: each takes the next number.
+    seq: u64,
+    /// The sequence number of the last power cut (0: none yet).
+    power_cut: u64,
     next_write: u64,
     acks: Vec<Ack>,
     reads_checked: u64,
+    flushes: u64,
     violations: Vec<String>,
 }
 
@@ -73,7 +102,19 @@ pub struct Held {
     pub count: u64,
     /// Content id of the write in progress (0 for a zero), if a write.
     write: Option<u64>,
+    /// When the write began (the ledger's sequence).
+    began: u64,
     finished: bool,
+}
+
+/// What an acknowledgment promises.
+#[derive(Debug, Clone, Copy)]
+pub enum Durability {
+    /// Durable once acknowledged: write-through, FUA, a zero.
+    Durable,
+    /// Durable once a FLUSH of this device (an id per opened device), begun after
+    /// the acknowledgment, completed (write-back).
+    UntilFlushOf(u64),
 }
 
 impl Ledger {
@@ -100,6 +141,7 @@ impl Ledger {
             first,
             count,
             write: None,
+            began: 0,
             finished: false,
         })
     }
@@ -110,7 +152,39 @@ impl Ledger {
         inner.next_write += 1;
         let id = if zero { 0 } else { inner.next_write };
         held.write = Some(id);
+        held.began = inner.next_seq();
         id
+    }
+
+    /// A FLUSH begins; pass the number returned to [`Ledger::flushed`] if it succeeds.
+    pub fn begin_flush(&self) -> u64 {
+        self.inner.lock().unwrap().next_seq()
+    }
+
+    /// A FLUSH of `device` that began at `began` (see [`Ledger::begin_flush`])
+    /// succeeded: every write that device acknowledged before it began is durable, so
+    /// each block's latest such write becomes its floor.
+    pub fn flushed(&self, device: u64, began: u64) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.flushes += 1;
+        for history in inner.blocks.values_mut() {
+            let covered = history.after_floor.iter().rposition(|later| {
+                later
+                    .acked
+                    .is_some_and(|(by, at)| by == device && at < began)
+            });
+            if let Some(i) = covered {
+                history.floor = history.after_floor[i].id;
+                history.after_floor.drain(..=i);
+            }
+        }
+    }
+
+    /// The power of some servers was cut: writes begun before may be lost unless
+    /// durable.
+    pub fn power_cut(&self) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.power_cut = inner.next_seq();
     }
 
     pub fn acks(&self) -> Vec<Ack> {
@@ -123,6 +197,11 @@ impl Ledger {
 
     pub fn reads_checked(&self) -> u64 {
         self.inner.lock().unwrap().reads_checked
+    }
+
+    /// FLUSHes that succeeded.
+    pub fn flushes(&self) -> u64 {
+        self.inner.lock().unwrap().flushes
     }
 
     pub fn writes_acked(&self) -> usize {
@@ -141,41 +220,80 @@ impl Ledger {
             let block = first + i as u64;
             let history = &inner.blocks[&block];
             let found = content_of(block_data, block);
-            let allowed =
-                found.is_some_and(|id| id == history.acked || history.uncertain.contains(&id));
+            // No power cut since the last acknowledged write began: nothing
+            // acknowledged may be lost (kill -9 keeps the page cache).
+            let strict = inner.power_cut == 0 || history.acked_began > inner.power_cut;
+            let allowed = found.is_some_and(|id| {
+                if strict {
+                    id == history.acked || history.uncertain.contains(&id)
+                } else {
+                    id == history.floor || history.after_floor.iter().any(|l| l.id == id)
+                }
+            });
             if !allowed {
-                let message = format!(
-                    "{what} at {at:?}: block {block} holds {} but the last acknowledged \
-                     write is {} (unacknowledged since: {:?})",
-                    found.map_or("torn or foreign data".to_string(), |id| format!(
-                        "write {id}"
-                    )),
-                    history.acked,
-                    history.uncertain
-                );
+                let found = found.map_or("torn or foreign data".to_string(), |id| {
+                    format!("write {id}")
+                });
+                let message = if strict {
+                    format!(
+                        "{what} at {at:?}: block {block} holds {found} but the last \
+                         acknowledged write is {} (unacknowledged since: {:?})",
+                        history.acked, history.uncertain
+                    )
+                } else {
+                    format!(
+                        "{what} at {at:?}: block {block} holds {found} but, after a power \
+                         cut, the last durable write is {} (since: {:?}; the last \
+                         acknowledged is {}, unacknowledged since: {:?})",
+                        history.floor, history.after_floor, history.acked, history.uncertain
+                    )
+                };
                 inner.violations.push(message);
             }
         }
     }
 }
 
+impl Inner {
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+}
+
 impl Held {
-    /// The write in progress finished: acknowledged by `gateway` at `at`, or failed.
-    pub fn finish_write(mut self, acked: Option<(Duration, &str)>) {
+    /// The write in progress finished: acknowledged by `gateway` at `at` with
+    /// `durability`, or failed.
+    pub fn finish_write(mut self, acked: Option<(Duration, &str, Durability)>) {
         self.finished = true;
         let id = self.write.expect("a write was begun");
         let mut inner = self.ledger.inner.lock().unwrap();
+        let seq = inner.next_seq();
         for block in self.first..self.first + self.count {
             let history = inner.blocks.get_mut(&block).unwrap();
             match acked {
-                Some(_) => {
+                Some((_, _, durability)) => {
                     history.acked = id;
+                    history.acked_began = self.began;
                     history.uncertain.clear();
+                    match durability {
+                        Durability::Durable => {
+                            history.floor = id;
+                            history.after_floor.clear();
+                        }
+                        Durability::UntilFlushOf(device) => history.after_floor.push(Later {
+                            id,
+                            acked: Some((device, seq)),
+                        }),
+                    }
                 }
-                None => history.uncertain.push(id),
+                None => {
+                    history.uncertain.push(id);
+                    history.after_floor.push(Later { id, acked: None });
+                }
             }
         }
-        if let Some((at, gateway)) = acked {
+        if let Some((at, gateway, _)) = acked {
             inner.acks.push(Ack {
                 at,
                 gateway: gateway.to_string(),
@@ -194,6 +312,7 @@ impl Drop for Held {
             if !self.finished {
                 if let Some(id) = self.write {
                     history.uncertain.push(id);
+                    history.after_floor.push(Later { id, acked: None });
                 }
             }
         }

@@ -30,20 +30,27 @@ pub mod observe;
 pub mod scenario;
 pub mod workload;
 
-pub use scenario::Report;
+pub use floe_protocol::WriteMode;
+pub use scenario::{write_mode_of, Report};
 
 /// A seed that broke a rule, with what it did.
 pub struct Failure {
     pub seed: u64,
+    pub write_mode: WriteMode,
     pub violations: Vec<String>,
     pub report: Report,
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = if self.write_mode == write_mode_of(self.seed) {
+            String::new()
+        } else {
+            format!("FLOE_SIM_WRITE_MODE={} ", self.write_mode)
+        };
         writeln!(
             f,
-            "seed {} failed (replay: FLOE_SIM_SEED={} cargo test -p floe-sim --test seeds -- --nocapture):",
+            "seed {} failed (replay: {mode}FLOE_SIM_SEED={} cargo test -p floe-sim --test seeds -- --nocapture):",
             self.seed, self.seed
         )?;
         for v in &self.violations {
@@ -76,8 +83,14 @@ fn watch_panics() {
     });
 }
 
-/// Runs one seed on a fresh single-threaded runtime with a paused clock.
+/// Runs one seed on a fresh single-threaded runtime with a paused clock, its volume
+/// in the write mode the seed picks ([`write_mode_of`]).
 pub fn run(seed: u64) -> Result<Report, Box<Failure>> {
+    run_in(seed, write_mode_of(seed))
+}
+
+/// Runs one seed with its volume in `write_mode`.
+pub fn run_in(seed: u64, write_mode: WriteMode) -> Result<Report, Box<Failure>> {
     watch_panics();
     PANICS.with(|p| p.borrow_mut().clear());
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -85,7 +98,7 @@ pub fn run(seed: u64) -> Result<Report, Box<Failure>> {
         .start_paused(true)
         .build()
         .expect("a tokio runtime");
-    let result = runtime.block_on(scenario::run(seed));
+    let result = runtime.block_on(scenario::run(seed, write_mode));
     // Zombie tasks of killed processes die with the runtime.
     drop(runtime);
     let panics = PANICS.with(|p| p.take());
@@ -100,6 +113,7 @@ pub fn run(seed: u64) -> Result<Report, Box<Failure>> {
     result.map_err(|(violations, report)| {
         Box::new(Failure {
             seed,
+            write_mode,
             violations,
             report,
         })
