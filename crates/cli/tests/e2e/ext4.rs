@@ -10,13 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running `nbdfuse MOUNTPOINT/disk URI`; unmounted and stopped on drop, even on panic.
-struct NbdFuse {
+pub struct NbdFuse {
     child: Child,
     mountpoint: PathBuf,
 }
 
 impl NbdFuse {
-    fn start(mountpoint: &Path, uri: &str, size: u64) -> NbdFuse {
+    pub fn start(mountpoint: &Path, uri: &str, size: u64) -> NbdFuse {
         let child = Command::new("nbdfuse")
             .arg(mountpoint.join("disk"))
             .arg(uri)
@@ -42,7 +42,7 @@ impl NbdFuse {
         fuse
     }
 
-    fn file(&self) -> PathBuf {
+    pub fn file(&self) -> PathBuf {
         self.mountpoint.join("disk")
     }
 }
@@ -76,14 +76,19 @@ impl Drop for NbdFuse {
 }
 
 /// `mount -o loop IMAGE TARGET`; unmounted and its loop device detached on drop.
-struct LoopMount {
+pub struct LoopMount {
     image: PathBuf,
     target: PathBuf,
     mounted: bool,
 }
 
 impl LoopMount {
-    fn mount(image: &Path, target: &Path) -> LoopMount {
+    pub fn mount(image: &Path, target: &Path) -> LoopMount {
+        LoopMount::mount_with(image, target, "loop")
+    }
+
+    /// `mount -o OPTIONS` (which must include `loop`).
+    pub fn mount_with(image: &Path, target: &Path, options: &str) -> LoopMount {
         let mut guard = LoopMount {
             image: image.to_path_buf(),
             target: target.to_path_buf(),
@@ -91,7 +96,7 @@ impl LoopMount {
         };
         let out = output(
             Command::new("mount")
-                .args(["-t", "ext4", "-o", "loop"])
+                .args(["-t", "ext4", "-o", options])
                 .arg(image)
                 .arg(target),
         );
@@ -104,7 +109,7 @@ impl LoopMount {
         guard
     }
 
-    fn unmount(&mut self) {
+    pub fn unmount(&mut self) {
         ok(Command::new("umount").arg(&self.target));
         self.mounted = false;
     }

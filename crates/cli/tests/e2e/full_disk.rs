@@ -4,7 +4,9 @@
 //!   warns, trims and deletes still succeed, and once they freed space writes succeed
 //!   again and the cluster returns to full redundancy by itself;
 //! - one small server among large ones does not stop writes: new chunks go where
-//!   there is space, and the small server's file system is not filled.
+//!   there is space, and the small server's file system is not filled;
+//! - a flush-epoch volume acknowledges writes before the replicas see them: those the
+//!   full disks refuse fail a later FLUSH (or FUA write) with ENOSPC, never silently.
 //!
 //! The master's metadata and every log stay off the small file systems: only chunk
 //! servers run out of space.
@@ -264,17 +266,25 @@ impl Rig {
 
     /// A 1 GiB volume, three replicas on ssd servers (all there are).
     fn create_volume(&self, name: &str) {
-        self.floe(&[
+        self.create_volume_with(name, &[]);
+    }
+
+    /// [`Rig::create_volume`] with more `floe volume create` arguments.
+    fn create_volume_with(&self, name: &str, more: &[&str]) {
+        let size = VOLUME_BYTES.to_string();
+        let mut args = vec![
             "volume",
             "create",
             name,
             "--size",
-            &VOLUME_BYTES.to_string(),
+            &size,
             "--replicas",
             "3",
             "--mode",
             "ssd",
-        ]);
+        ];
+        args.extend_from_slice(more);
+        self.floe(&args);
     }
 
     /// Polls `floe status` until `check` holds; the status it held for.
@@ -414,6 +424,11 @@ def attempt(what, start):
 def write(salt, i):
     buf = nbd.Buffer.from_bytearray(bytearray(data(salt, i)))
     return attempt(f"write of block {{i}}", lambda: h.aio_pwrite(buf, i * BLOCK))
+def fua_write(salt, i):
+    buf = nbd.Buffer.from_bytearray(bytearray(data(salt, i)))
+    return attempt(f"FUA write of block {{i}}", lambda: h.aio_pwrite(buf, i * BLOCK, flags=nbd.CMD_FLAG_FUA))
+def flush():
+    return attempt("flush", lambda: h.aio_flush())
 def trim(first, count):
     return attempt(f"trim of blocks {{first}}+{{count}}", lambda: h.aio_trim(count * BLOCK, first * BLOCK))
 def bad_blocks(salt, blocks):
@@ -696,4 +711,106 @@ print(json.dumps({{"want": want.hexdigest(), "got": got.hexdigest(), "first": fi
         WRITTEN / MIB
     );
     rig.wait_for_redundancy();
+}
+
+/// Flush-epoch (see write_modes.rs): writes are acknowledged from the gateway's memory,
+/// so the full disks refuse writes the client was told had succeeded. Each must fail a
+/// FLUSH (or FUA write) after it, with ENOSPC.
+#[test]
+fn a_flush_epoch_volume_reports_writes_the_full_disks_refused_on_a_later_flush() {
+    let rig = Rig::start(&[("h1", 300 * MIB), ("h2", 300 * MIB), ("h3", 300 * MIB)]);
+    let blocks = VOLUME_BYTES / BLOCK;
+    rig.create_volume_with("data", &["--write-mode", "flush-epoch"]);
+    let info = rig.floe(&["volume", "info", "data"]);
+    assert!(info.contains("write mode:    flush-epoch"), "{info}");
+
+    // A 1 MiB write then a FLUSH, block after block, until a FLUSH fails; then a few
+    // more of each on the full disks. Last a barrier: a FLUSH, a FUA write (answered
+    // once every earlier epoch is retired, and failing with any failure not reported
+    // yet) and a FLUSH (for the FUA write's own epoch). Every request's answer, in order.
+    let run = nbdsh_json(
+        &rig.uri("data"),
+        &format!(
+            r#"ops = []
+failed_at = None
+for i in range({blocks}):
+    ops.append(["write", i, write(1, i)])
+    error = flush()
+    ops.append(["flush", i, error])
+    if error is not None:
+        failed_at = i
+        break
+if failed_at is not None:
+    for i in range(failed_at + 1, min(failed_at + 9, {blocks})):
+        ops.append(["write", i, write(1, i)])
+        ops.append(["flush", i, flush()])
+ops.append(["flush", None, flush()])
+ops.append(["fua", 0, fua_write(1, 0)])
+ops.append(["flush", None, flush()])
+print(json.dumps({{"ops": ops, "failed_at": failed_at}}))"#
+        ),
+    );
+    let ops = run["ops"].as_array().unwrap();
+    let failed_at = run["failed_at"].as_u64().unwrap_or_else(|| {
+        panic!("all {blocks} MiB written and flushed without an error: the disks never filled, or their refusals vanished")
+    });
+    let kind = |op: &Value| op[0].as_str().unwrap().to_string();
+    let error = |op: &Value| errno(&op[2]);
+    // Acknowledged at once: the replicas' refusals can only show later.
+    for op in ops.iter().filter(|op| kind(op) == "write") {
+        assert_eq!(error(op), None, "a flush-epoch write failed at once: {op}");
+    }
+    let failures: Vec<&Value> = ops.iter().filter(|op| error(op).is_some()).collect();
+    for op in &failures {
+        assert_eq!(
+            error(op),
+            Some(ENOSPC),
+            "a {} on the full disks failed otherwise than ENOSPC: {op}",
+            kind(op)
+        );
+    }
+
+    // Read on a fresh connection: the acknowledged blocks the disks did not take.
+    let written = ops
+        .iter()
+        .filter(|op| kind(op) == "write")
+        .map(|op| op[1].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let bad = bad_blocks(&rig.uri("data"), 1, 0..written + 1);
+    let reads_failed = bad
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| !b[1].is_null())
+        .count();
+    assert_eq!(reads_failed, 0, "reads on the full disks failed: {bad}");
+    let lost: Vec<u64> = bad
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b[0].as_u64().unwrap())
+        .collect();
+    // Each lost block's write has a failed request after it: none vanished.
+    let last_failure = ops.iter().rposition(|op| error(op).is_some()).unwrap();
+    for block in &lost {
+        let at = ops
+            .iter()
+            .position(|op| kind(op) == "write" && op[1].as_u64() == Some(*block))
+            .unwrap();
+        assert!(
+            at < last_failure,
+            "block {block}'s acknowledged write was lost, and no FLUSH or FUA write after it failed:\n{ops:?}"
+        );
+    }
+    println!(
+        "flush-epoch on full disks: the first FLUSH failed (ENOSPC) after block {failed_at}; \
+         {} of {} requests failed, all ENOSPC (the FUA write: {}); {} of {} acknowledged MiB \
+         lost, each followed by a failed request",
+        failures.len(),
+        ops.len(),
+        ops[ops.len() - 2][2],
+        lost.len(),
+        written + 1
+    );
 }

@@ -24,3 +24,4 @@ mod scrub;
 mod takeover;
 mod write_back;
 mod write_modes;
+mod write_modes_ext4;
