@@ -25,24 +25,35 @@
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use floe_blockdev::{check_range, BlockDevice, Extent, IoError};
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{oneshot, Notify};
 
 /// Unretired bytes a volume may hold by default.
 pub const LIMIT_BYTES_DEFAULT: u64 = 64 << 20;
 
-/// Layers of this process still retiring changes, and a wake-up for [`drained`].
-static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Layers of this process still retiring changes, by volume, and a wake-up for
+/// [`drained`].
+static LIVE: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
 static RETIRED: Notify = Notify::const_new();
 
 /// Waits until every flush-epoch layer of the process has retired its changes (a
 /// gateway stopping waits for this, so no acknowledged write is dropped).
 pub async fn drained() {
+    drained_where(|live| live.is_empty()).await
+}
+
+/// Waits until no layer of `volume` is left retiring changes. Opening a volume for
+/// writing waits for this: its new lease would fence a dropped layer still sending
+/// the acknowledged writes of the volume's last connection.
+pub async fn drained_volume(volume: &str) {
+    drained_where(|live| !live.contains_key(volume)).await
+}
+
+async fn drained_where(done: impl Fn(&BTreeMap<String, usize>) -> bool) {
     loop {
         let retired = RETIRED.notified();
-        if LIVE.load(Ordering::Acquire) == 0 {
+        if done(&LIVE.lock().unwrap()) {
             return;
         }
         retired.await;
@@ -198,8 +209,8 @@ pub struct FlushEpoch {
 }
 
 impl FlushEpoch {
-    /// Over `inner`, holding at most `limit` unretired bytes.
-    pub fn new(inner: Arc<dyn BlockDevice>, limit: u64) -> FlushEpoch {
+    /// Over volume `volume`'s `inner`, holding at most `limit` unretired bytes.
+    pub fn new(volume: &str, inner: Arc<dyn BlockDevice>, limit: u64) -> FlushEpoch {
         let size = inner.size();
         let shared = Arc::new(Shared {
             inner,
@@ -207,7 +218,7 @@ impl FlushEpoch {
             changed: Notify::new(),
             limit,
         });
-        tokio::spawn(dispatch(shared.clone(), Live::new()));
+        tokio::spawn(dispatch(shared.clone(), Live::new(volume)));
         FlushEpoch { shared, size }
     }
 
@@ -275,18 +286,24 @@ impl Drop for FlushEpoch {
 
 /// Counts a dispatcher among the live ones while it runs (or until its runtime drops
 /// it).
-struct Live;
+struct Live(String);
 
 impl Live {
-    fn new() -> Live {
-        LIVE.fetch_add(1, Ordering::AcqRel);
-        Live
+    fn new(volume: &str) -> Live {
+        *LIVE.lock().unwrap().entry(volume.to_string()).or_default() += 1;
+        Live(volume.to_string())
     }
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
-        LIVE.fetch_sub(1, Ordering::AcqRel);
+        let mut live = LIVE.lock().unwrap();
+        let count = live.get_mut(&self.0).expect("counted when made");
+        *count -= 1;
+        if *count == 0 {
+            live.remove(&self.0);
+        }
+        drop(live);
         RETIRED.notify_waiters();
     }
 }
@@ -412,6 +429,7 @@ impl BlockDevice for FlushEpoch {
 mod tests {
     use super::*;
     use floe_blockdev::MemoryDevice;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
     use tokio::sync::Semaphore;
 
@@ -491,7 +509,7 @@ mod tests {
     #[tokio::test]
     async fn writes_are_acknowledged_at_once_and_issued_in_epoch_order() {
         let gated = Gated::new();
-        let layer = FlushEpoch::new(gated.clone(), LIMIT_BYTES_DEFAULT);
+        let layer = FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT);
         layer.write(0, block(1), false).await.unwrap();
         layer.write(4096, block(2), false).await.unwrap();
         layer.flush().await.unwrap();
@@ -521,7 +539,7 @@ mod tests {
     async fn the_next_epoch_waits_for_a_flush_below_that_covers_the_last() {
         let gated = Gated::new();
         gated.flush_gate.forget_permits(Semaphore::MAX_PERMITS);
-        let layer = Arc::new(FlushEpoch::new(gated.clone(), LIMIT_BYTES_DEFAULT));
+        let layer = Arc::new(FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT));
         for i in 0..8u8 {
             layer
                 .write(u64::from(i) * 4096, block(i), false)
@@ -550,7 +568,7 @@ mod tests {
     async fn an_overlapping_write_waits_so_the_later_one_wins() {
         let gated = Gated::new();
         gated.gate.add_permits(16);
-        let layer = FlushEpoch::new(gated.clone(), LIMIT_BYTES_DEFAULT);
+        let layer = FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT);
         for byte in 1..=5 {
             layer.write(0, block(byte), false).await.unwrap();
         }
@@ -563,7 +581,7 @@ mod tests {
     #[tokio::test]
     async fn a_fua_write_is_durable_before_its_reply() {
         let gated = Gated::new();
-        let layer = Arc::new(FlushEpoch::new(gated.clone(), LIMIT_BYTES_DEFAULT));
+        let layer = Arc::new(FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT));
         let fua = tokio::spawn({
             let layer = layer.clone();
             async move { layer.write(0, block(7), true).await }
@@ -580,7 +598,7 @@ mod tests {
         let gated = Gated::new();
         gated.broken.store(true, Ordering::Relaxed);
         gated.gate.add_permits(1);
-        let layer = FlushEpoch::new(gated.clone(), LIMIT_BYTES_DEFAULT);
+        let layer = FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT);
         layer.write(0, block(1), false).await.unwrap();
         settle().await;
         assert!(matches!(layer.flush().await, Err(IoError::NoSpace(_))));
@@ -590,7 +608,7 @@ mod tests {
     #[tokio::test]
     async fn writes_past_the_limit_wait_and_a_dropped_layer_drains() {
         let gated = Gated::new();
-        let layer = Arc::new(FlushEpoch::new(gated.clone(), 8192));
+        let layer = Arc::new(FlushEpoch::new("v", gated.clone(), 8192));
         layer.write(0, block(1), false).await.unwrap();
         layer.write(4096, block(2), false).await.unwrap();
         let third = tokio::spawn({

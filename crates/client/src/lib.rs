@@ -40,6 +40,7 @@ pub async fn open_volume(
     let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
     let lease = match access {
         Access::Write { holder } => {
+            flush_epoch::drained_volume(name).await;
             Some(lease::Lease::acquire_waiting(master.clone(), name, holder).await?)
         }
         Access::Read => None,
@@ -67,6 +68,7 @@ pub async fn open_volume(
         // The replicated layer writes unsynced and syncs at FLUSH.
         WriteMode::WriteThrough | WriteMode::WriteBack => device,
         WriteMode::FlushEpoch => Arc::new(flush_epoch::FlushEpoch::new(
+            name,
             device,
             flush_epoch::LIMIT_BYTES_DEFAULT,
         )),

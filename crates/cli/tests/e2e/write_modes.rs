@@ -22,8 +22,8 @@
 //! FLOE_EPOCH_ROUNDS=500 cargo test -p floe-cli --test e2e write_modes::a_flush_epoch_volume_keeps -- --nocapture
 //! ```
 //!
-//! Also here, ignored until the product is fixed: a connection opening the volume while
-//! the gateway still drains a closed one's writes must not lose them. ext4 on a
+//! Also here: a connection opening the volume while the gateway still drains a closed
+//! one's writes must not lose them. ext4 on a
 //! flush-epoch volume across a gateway kill: write_modes_ext4.rs; full disks under a
 //! flush-epoch volume: full_disk.rs.
 
@@ -494,12 +494,11 @@ fn a_flush_epoch_volume_keeps_a_prefix_of_its_epochs_across_kills() {
 /// second opens and closes the volume at once (nbdinfo), the gateway is stopped
 /// (SIGTERM: it exits once every layer drained), and a new one reads the blocks back.
 ///
-/// Fails today: the second open makes a new layer under a new lease generation (same
-/// holder), which fences the draining layer; its writes fail, logged only ("an
-/// acknowledged write failed; the next FLUSH reports it: ... lease generation N was
-/// superseded"), and no FLUSH ever reports them.
+/// Failed before the fix: the second open made a new layer under a new lease
+/// generation (same holder), which fenced the draining layer; its writes failed,
+/// logged only ("an acknowledged write failed; the next FLUSH reports it: ... lease
+/// generation N was superseded"), and no FLUSH ever reported them.
 #[test]
-#[ignore = "product bug: reopening a flush-epoch volume while its writes drain loses them"]
 fn a_flush_epoch_volume_reopened_while_it_drains_keeps_its_acknowledged_writes() {
     const MIB: u64 = 1 << 20;
     const FIRST: u64 = 512;
