@@ -116,7 +116,8 @@ impl Committer {
         let mut batch: Vec<Change> = Vec::new();
         loop {
             let woken = queue.wake.notified();
-            if self.unsynced.is_empty() {
+            // A failed store syncs nothing more: no timer, or it would retry forever.
+            if self.unsynced.is_empty() || self.failed.is_some() {
                 woken.await;
             } else if tokio::time::timeout(self.sync_interval, woken)
                 .await
