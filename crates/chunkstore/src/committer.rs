@@ -240,12 +240,13 @@ impl Committer {
     }
 
     /// After the logs were scanned: the next sequence number skips every one the
-    /// last batch before the crash may have used. Its records past a torn one are
-    /// still intact; a new batch appended at the tear that ended exactly where one
-    /// of them begins would otherwise make the next scan read on into it and apply
-    /// an unacknowledged, superseded change.
+    /// records never synced before the crash may have used: the unsynced writes (at
+    /// most a batch's worth, see [`crate::unsynced`]) and the last batch. Records past
+    /// a torn one may still be intact; a new batch appended at the tear that ended
+    /// exactly where one of them begins would otherwise make the next scan read on
+    /// into it and apply an unacknowledged, superseded change.
     pub(crate) fn skip_unsynced_seqs(&mut self) {
-        self.next_seq += BATCH_RECORDS_MAX as u64;
+        self.next_seq += 2 * BATCH_RECORDS_MAX as u64;
     }
 
     /// Makes the chunk files and directories changed so far durable. On error the
