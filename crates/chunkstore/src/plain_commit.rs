@@ -79,9 +79,10 @@ impl Committer {
             return self.keep_unsynced(batch);
         }
         // The sync just made covers the unsynced changes logged before the batch.
-        if let Err(e) = self.apply_synced() {
+        if let Err(e) = self.apply_unsynced() {
             return Committer::fail_all(batch, e);
         }
+        self.synced();
         batch
             .drain(..)
             .map(|change| {
@@ -108,7 +109,7 @@ impl Committer {
     /// Makes chunk files durable, then restarts the log after everything applied.
     pub(crate) fn checkpoint(&mut self) -> Result<(), StoreError> {
         // The log is about to forget them: into the chunk files, synced below.
-        self.apply_synced()?;
+        self.apply_unsynced()?;
         self.sync_dirty()?;
         // The log is about to forget the records that carry replication state.
         let metas = self.files.metas.lock().unwrap().clone();
@@ -118,6 +119,8 @@ impl Committer {
             &metas,
         )?;
         let next_seq = self.next_seq;
-        self.logs[0].reset(next_seq)
+        self.logs[0].reset(next_seq)?;
+        self.synced();
+        Ok(())
     }
 }

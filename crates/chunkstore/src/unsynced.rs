@@ -96,7 +96,9 @@ impl Committer {
         if let Some(failed) = &self.failed {
             return Err(StoreError::Io(failed.clone()));
         }
-        if self.unsynced.is_empty() {
+        // Not `self.unsynced`: a checkpoint that failed may have applied them to
+        // chunk files it could not sync; the log still holds them.
+        if !self.files.unsynced.any() {
             return Ok(());
         }
         if let Err(e) = self.logs[0].file.sync_data() {
@@ -104,14 +106,15 @@ impl Committer {
             // changes (fail-stop); a restart replays what the log holds.
             return Err(self.fail(format!("syncing the write-ahead log failed: {e}")));
         }
-        self.apply_synced()
+        self.apply_unsynced()?;
+        self.synced();
+        Ok(())
     }
 
-    /// Applies the unsynced changes to their chunk files once the log holds them
-    /// durably (a sync, or a durable batch appended after them).
-    pub(crate) fn apply_synced(&mut self) -> Result<(), StoreError> {
-        // Until all are applied, reads of their chunks keep asking for a sync (which
-        // fails once the store has failed) rather than read chunk files without them.
+    /// Applies the unsynced changes to their chunk files; the caller makes them
+    /// durable (a log sync before, or a checkpoint's sync of the files after) and
+    /// then calls [`Committer::synced`].
+    pub(crate) fn apply_unsynced(&mut self) -> Result<(), StoreError> {
         for change in std::mem::take(&mut self.unsynced) {
             if let Err(e) = self.apply_file(&change.header, &change.data, Merge::Check) {
                 // Acknowledged and in the log: a restart replays it.
@@ -121,8 +124,14 @@ impl Committer {
                 )));
             }
         }
-        self.files.unsynced.clear();
         Ok(())
+    }
+
+    /// Every change acknowledged so far is durable. Until then reads of their chunks
+    /// and [`crate::Store::sync`] ask the committer (which fails once the store has
+    /// failed), rather than trust chunk files.
+    pub(crate) fn synced(&self) {
+        self.files.unsynced.clear();
     }
 
     /// Stops the store taking changes, with `message` as every later change's error.

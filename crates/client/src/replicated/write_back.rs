@@ -17,14 +17,25 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 /// Chunks written unsynced since the last FLUSH; `None` in write-through.
-pub(super) struct Unflushed(Option<Mutex<BTreeSet<u64>>>);
+pub(super) struct Unflushed(Option<Noted>);
+
+pub(super) struct Noted {
+    chunks: Mutex<BTreeSet<u64>>,
+    /// Held by the FLUSH under way. A FLUSH must not return while another one still
+    /// syncs chunks it took from the notes: those may hold writes acknowledged
+    /// before this FLUSH began.
+    flushing: tokio::sync::Mutex<()>,
+}
 
 impl Unflushed {
     /// Write-back writes unsynced; so does flush-epoch's layer, which flushes before
     /// it retires changes.
     pub(super) fn new(mode: WriteMode) -> Unflushed {
         let unsynced = matches!(mode, WriteMode::WriteBack | WriteMode::FlushEpoch);
-        Unflushed(unsynced.then(Mutex::default))
+        Unflushed(unsynced.then(|| Noted {
+            chunks: Mutex::default(),
+            flushing: tokio::sync::Mutex::new(()),
+        }))
     }
 
     /// Whether writes that are not FUA go unsynced.
@@ -36,8 +47,8 @@ impl Unflushed {
     /// FLUSH after the reply covers it (noted at the send, a FLUSH meanwhile would
     /// take the note before the write committed, and cover it neither then nor later).
     pub(super) fn note(&self, index: u64) {
-        if let Some(chunks) = &self.0 {
-            chunks.lock().unwrap().insert(index);
+        if let Some(noted) = &self.0 {
+            noted.chunks.lock().unwrap().insert(index);
         }
     }
 }
@@ -46,16 +57,17 @@ impl ReplicatedChunks {
     /// Makes every write that completed before the call durable on a majority of
     /// each chunk's replicas.
     pub(super) async fn sync_unflushed(&self) -> Result<(), IoError> {
-        let Some(unflushed) = &self.unflushed.0 else {
+        let Some(noted) = &self.unflushed.0 else {
             return Ok(());
         };
-        let chunks = std::mem::take(&mut *unflushed.lock().unwrap());
+        let _one_at_a_time = noted.flushing.lock().await;
+        let chunks = std::mem::take(&mut *noted.chunks.lock().unwrap());
         let results =
             futures::future::join_all(chunks.iter().map(|&index| self.sync_chunk(index))).await;
         let mut failed = None;
         for (index, result) in chunks.into_iter().zip(results) {
             if let Err(e) = result {
-                unflushed.lock().unwrap().insert(index);
+                noted.chunks.lock().unwrap().insert(index);
                 failed.get_or_insert(e);
             }
         }
