@@ -206,7 +206,7 @@ impl<D: BlockDevice> BlockDevice for Qos<D> {
         self.inner.write(offset, data, fua).await
     }
 
-    /// Free: every completed write is already durable below.
+    /// Free here (no rate limit): what it costs is below (write-back syncs replicas).
     async fn flush(&self) -> Result<(), IoError> {
         self.inner.flush().await
     }
