@@ -23,7 +23,7 @@ use crate::space::Reservation;
 use crate::wal::{Kind, RecordHeader};
 use bytes::Bytes;
 use floe_protocol::ChunkId;
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Mutex;
 
 /// Data held unsynced before the committer syncs regardless.
@@ -36,14 +36,13 @@ pub(crate) struct Unsynced {
     _reservation: Reservation,
 }
 
-/// Chunks with unsynced changes, and how many each has: what a read asks before it
-/// trusts a chunk file.
+/// Chunks with unsynced changes: what a read asks before it trusts a chunk file.
 #[derive(Default)]
-pub(crate) struct UnsyncedChunks(Mutex<HashMap<ChunkId, u32>>);
+pub(crate) struct UnsyncedChunks(Mutex<HashSet<ChunkId>>);
 
 impl UnsyncedChunks {
     pub(crate) fn holds(&self, chunk: ChunkId) -> bool {
-        self.0.lock().unwrap().contains_key(&chunk)
+        self.0.lock().unwrap().contains(&chunk)
     }
 
     pub(crate) fn any(&self) -> bool {
@@ -51,7 +50,7 @@ impl UnsyncedChunks {
     }
 
     fn add(&self, chunk: ChunkId) {
-        *self.0.lock().unwrap().entry(chunk).or_default() += 1;
+        self.0.lock().unwrap().insert(chunk);
     }
 
     fn clear(&self) {
