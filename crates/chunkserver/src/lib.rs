@@ -661,7 +661,18 @@ impl ChunkServer {
                 let frozen = self
                     .existing(chunk)
                     .and_then(|slot| slot.replica.lock().unwrap().frozen);
+                // A newer writer may have built on an older version than `version`
+                // (the replicas lost it to a power cut): a higher version held says
+                // nothing of this one, so the old writer's FLUSH fails as its writes do.
+                let newest = self.fence(chunk.volume_id).max(generation_of(held));
                 match frozen {
+                    _ if generation_of(version) < newest => Err((
+                        Status::Fenced,
+                        format!(
+                            "lease generation {} was superseded by generation {newest}",
+                            generation_of(version)
+                        ),
+                    )),
                     Some(why) => Err((Status::Behind, format!("the replica is {why}"))),
                     None if held < version => Err((
                         Status::Behind,
