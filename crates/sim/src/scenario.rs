@@ -57,6 +57,9 @@ struct Workers {
 
 struct Run {
     rng: StdRng,
+    /// Draws whether a write-back seed's power cut takes every host, apart from
+    /// `rng` so that every other draw stays what it was before such cuts existed.
+    power_rng: StdRng,
     seed: u64,
     cluster: Cluster,
     network: Arc<Network>,
@@ -115,6 +118,7 @@ pub async fn run(seed: u64, write_mode: WriteMode) -> Result<Report, (Vec<String
     cluster.add_gateway();
     let mut run = Run {
         rng,
+        power_rng: StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
         seed,
         cluster,
         network: network.clone(),
@@ -325,14 +329,10 @@ impl Run {
             }
             30..=34 => {
                 let mut host = format!("h{}", self.rng.gen_range(0..HOSTS));
-                // Write-back promises more after a power cut of every server (what a
-                // completed FLUSH covered survives). Opt-in for now
-                // (`FLOE_SIM_POWER_CUT_EVERY_HOST=1`): some seeds still lose flushed
-                // writes (see docs/ARCHITECTURE.md). Otherwise nothing more is drawn,
-                // so seeds run as they did.
-                let everywhere = self.write_mode == WriteMode::WriteBack
-                    && std::env::var_os("FLOE_SIM_POWER_CUT_EVERY_HOST").is_some()
-                    && self.rng.gen_bool(0.5);
+                // Write-back promises more after a power cut of every server: what a
+                // completed FLUSH covered survives. Half its power cuts cut every host.
+                let everywhere =
+                    self.write_mode == WriteMode::WriteBack && self.power_rng.gen_bool(0.5);
                 if everywhere {
                     host = "every host".into();
                 }

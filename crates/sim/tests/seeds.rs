@@ -157,6 +157,7 @@ fn replaying() -> bool {
 /// `floe_sim::write_mode_of`).
 const FOUND_BUGS_WRITE_BACK: &[(u64, &str)] = &[
     (443, "the audit a takeover queued was lost when the master restarted before it could reach the replicas, and the new writer released cleanly: a replica the dead writer had left behind (its report cut off) stayed counted current"),
+    (2750, "after a power cut of every host lost a write the replicas had not synced, the deposed writer's FLUSH was answered Done by replicas holding the new writer's higher versions: a flushed write lost"),
 ];
 
 #[test]
