@@ -6,7 +6,7 @@ use crate::block_sums::Merge;
 use crate::chunk_files::Files;
 use crate::committer::{Change, Committer, Completions};
 use crate::error::{io_error, StoreError};
-use crate::journal::{Journals, JOURNAL_WRITE_BYTES_MAX};
+use crate::journal::{Journals, JOURNAL_LARGE_WRITE_BYTES_MAX, JOURNAL_WRITE_BYTES_MAX};
 use crate::layout;
 use crate::log_file::LogFile;
 use crate::meta;
@@ -143,9 +143,15 @@ impl Committer {
         if let Some(failed) = &self.failed {
             return Committer::fail_all(batch, StoreError::Io(failed.clone()));
         }
+        let local = self.logs.len() - 1;
+        let roomy = (0..local).any(|j| self.logs[j].position * 2 <= self.logs[j].quota);
+        let journal_max = match roomy {
+            true => JOURNAL_LARGE_WRITE_BYTES_MAX,
+            false => JOURNAL_WRITE_BYTES_MAX,
+        };
         let journaled = |h: &RecordHeader| {
             h.kind == Kind::Write
-                && h.length <= JOURNAL_WRITE_BYTES_MAX
+                && h.length <= journal_max
                 && h.offset.is_multiple_of(SECTOR_BYTES)
                 && h.length.is_multiple_of(SECTOR_BYTES)
         };
@@ -157,7 +163,6 @@ impl Committer {
             .filter(|c| journaled(&c.header))
             .map(|c| c.header.length)
             .sum();
-        let local = self.logs.len() - 1;
         let (target, to_journal) = match self.choose_journal(headers + data) {
             Some(j) => (j, true),
             // No room for the data anywhere: everything bypasses; the hdd's own

@@ -225,15 +225,15 @@ fn hybrid_kill_during_journal_overflow_loses_nothing() {
 fn hybrid_large_writes_supersede_journaled_small_writes() {
     let work = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start_with(work.path(), free_ports(), None, Vec::new());
-    // Small writes (journaled on hdd replicas) over the first 1 MiB, then one 1 MiB
-    // write over them (256 KiB per chunk: it bypasses the journal).
+    // Small writes (journaled on hdd replicas) over the first 1 MiB, then one 8 MiB
+    // write over them (2 MiB per chunk: it bypasses the journal, even a roomy one).
     let small = small_writes(cluster.uri(), 200, 1 << 20, 5);
     assert!(!small.is_empty());
     ok(nbdsh().args([
         "-u",
         cluster.uri(),
         "-c",
-        &format!("h.pwrite(b'\\xee' * {}, 0)", 1 << 20),
+        &format!("h.pwrite(b'\\xee' * {}, 0)", 8 << 20),
     ]));
     let large: HashMap<u64, u8> = (0..(1 << 20) / BLOCK).map(|b| (b, 0xee)).collect();
     check_reads(cluster.uri(), &large);
