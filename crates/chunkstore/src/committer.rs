@@ -158,7 +158,7 @@ impl Committer {
                 let mut completions = if batch.is_empty() {
                     Vec::new()
                 } else if self.hybrid() {
-                    self.commit_journaled(&mut batch)
+                    self.commit_journaled(&mut batch, syncs.is_empty())
                 } else {
                     // A sync is due anyway: sync this batch with everything before it.
                     self.commit(&mut batch, syncs.is_empty())

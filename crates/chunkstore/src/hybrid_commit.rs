@@ -138,8 +138,14 @@ impl Committer {
     }
 
     /// Small aligned writes go to a journal only; every other change goes to the
-    /// chunk files first, durably, then its record to the journal.
-    pub(crate) fn commit_journaled(&mut self, batch: &mut Vec<Change>) -> Completions {
+    /// chunk files first, durably, then its record to the journal. With `may_defer`,
+    /// a batch of unsynced writes that all go to the journal is acknowledged unsynced
+    /// (see [`crate::unsynced`]).
+    pub(crate) fn commit_journaled(
+        &mut self,
+        batch: &mut Vec<Change>,
+        may_defer: bool,
+    ) -> Completions {
         if let Some(failed) = &self.failed {
             return Committer::fail_all(batch, StoreError::Io(failed.clone()));
         }
@@ -183,6 +189,18 @@ impl Committer {
             }
         }
         bypass_under_later_edges(batch);
+        let unsynced_in = self.journals().unsynced_journal();
+        let defer = may_defer
+            && to_journal
+            && unsynced_in.is_none_or(|j| j == target)
+            && self.may_leave_unsynced(batch);
+        // This batch's records must not outlive unsynced ones a power cut may drop
+        // from another journal: the scan would apply them over the gap.
+        if !defer && unsynced_in.is_some_and(|j| j != target) {
+            if let Err(e) = self.sync_unsynced() {
+                return Committer::fail_all(batch, e);
+            }
+        }
         let mut intents: Vec<RecordHeader> = batch
             .iter()
             .filter(|c| matches!(c.header.kind, Kind::Bypass | Kind::Zero | Kind::Punch))
@@ -231,7 +249,7 @@ impl Committer {
             return Committer::fail_all(batch, e);
         }
         let start = self.logs[target].position;
-        if let Err(e) = self.append(batch, true) {
+        if let Err(e) = self.append(batch, !defer) {
             // Records of the batch left on disk are older than any later record at
             // the same place, so the scan after a crash stops before them.
             let message = format!("journal append failed: {e}");
@@ -241,6 +259,15 @@ impl Committer {
         let log = &mut self.logs[target];
         log.position += self.buffer.len() as u64;
         journals.set_used(target, log.position - wal::HEADER_BYTES);
+        match defer {
+            // Before the index points at them, so replay never sees them durable.
+            true => journals.unsynced_at(target, start),
+            // The sync just made covers the unsynced records of this journal.
+            false => {
+                self.unsynced.clear();
+                self.synced();
+            }
+        }
         let mut at = start;
         batch
             .drain(..)
@@ -251,6 +278,9 @@ impl Committer {
                     journals.note_sums(target, data_at, &change.data);
                 }
                 let result = self.record_effects(&change.header, target, data_at);
+                if defer && result.is_ok() {
+                    self.hold_unsynced(change.header, change.data, change._reservation);
+                }
                 (change.done, result)
             })
             .collect()
@@ -285,6 +315,8 @@ impl Committer {
         let Some((reset, start_seq)) = journals_to_reset(&seqs, &live) else {
             return Ok(());
         };
+        // The meta file about to be saved holds their versions.
+        self.sync_unsynced()?;
         // The records about to go carry replica states and bypassed data.
         self.sync_dirty()?;
         meta::save(

@@ -83,6 +83,11 @@ pub(crate) struct Journals {
     /// record's own checksum covers the whole record and they take pieces of it.
     /// Filled at commit and by the scan at open; 4 bytes of memory per 512 in use.
     sector_sums: Vec<Mutex<Vec<u32>>>,
+    /// The journal holding records appended without a sync (one at most: see
+    /// `crate::unsynced`), and the byte where the first starts. Replay leaves data
+    /// from there on alone: a chunk file must never hold bytes whose record a power
+    /// cut may drop.
+    unsynced_from: Mutex<Option<(usize, u64)>>,
 }
 
 fn sectors(offset: u64, length: u64) -> (u64, u64) {
@@ -149,8 +154,37 @@ impl Journals {
             replayed: AtomicBool::new(false),
             replay_cursor: Mutex::new(0),
             sector_sums: logs.iter().map(|_| Mutex::default()).collect(),
+            unsynced_from: Mutex::new(None),
         };
         Ok((journals, logs))
+    }
+
+    /// Records appended to `journal` from byte `at` on are not synced; the first such
+    /// append sets where they start.
+    pub(crate) fn unsynced_at(&self, journal: usize, at: u64) {
+        let mut unsynced = self.unsynced_from.lock().unwrap();
+        let (j, _) = *unsynced.get_or_insert((journal, at));
+        assert_eq!(j, journal, "unsynced records in two journals");
+    }
+
+    /// The journal holding unsynced records, if any.
+    pub(crate) fn unsynced_journal(&self) -> Option<usize> {
+        self.unsynced_from.lock().unwrap().map(|(j, _)| j)
+    }
+
+    /// Every record appended so far is durable.
+    pub(crate) fn all_synced(&self) {
+        *self.unsynced_from.lock().unwrap() = None;
+    }
+
+    /// Whether `sectors` sectors at index position `position` are durable in their
+    /// journal (replay may copy them).
+    pub(crate) fn durable(&self, position: u64, sectors: u64) -> bool {
+        let (j, at) = locate(position);
+        match *self.unsynced_from.lock().unwrap() {
+            Some((unsynced, from)) if unsynced == j => at + sectors * SECTOR_BYTES <= from,
+            _ => true,
+        }
     }
 
     /// Notes the checksums of `data`, written at byte `at` (a sector boundary) of

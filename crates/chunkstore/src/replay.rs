@@ -102,7 +102,9 @@ fn replay_sweep(files: &Files, cursor: &mut u64) -> Result<u64, StoreError> {
                     journal,
                 } = piece
                 {
-                    if replay_local || locate(journal).0 != local {
+                    if (replay_local || locate(journal).0 != local)
+                        && journals.durable(journal, len)
+                    {
                         pieces.push((chunk, offset, len, journal));
                     }
                 }

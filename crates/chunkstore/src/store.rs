@@ -431,8 +431,9 @@ impl Store {
                 length: length as u64,
             });
         }
-        // Unsynced writes reach the chunk files only once synced.
-        if self.files.unsynced.holds(chunk) {
+        // Unsynced writes reach the chunk files only once synced (hybrid mode reads
+        // them from the journals in place).
+        if self.files.journals.is_none() && self.files.unsynced.holds(chunk) {
             self.sync().await?;
         }
         let mut out = BytesMut::zeroed(length as usize);

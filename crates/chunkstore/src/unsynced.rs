@@ -2,15 +2,21 @@
 //! write modes: the chunk server groups the fdatasync, and a sync request covers
 //! everything acknowledged before it).
 //!
-//! Plain mode only. A batch of nothing but unsynced writes is appended to the log
+//! Plain mode: a batch of nothing but unsynced writes is appended to the log
 //! without an fdatasync and acknowledged; its records are kept here, with their
 //! space reservations, and reach the chunk files only once the log is synced past
 //! them: a chunk file never holds bytes whose record a power cut may drop, so after a
 //! cut replay restores a prefix of the log and each replica is exactly its version. A
 //! read of a chunk with unsynced writes syncs first (reads come from the chunk files).
 //! The next durable change, a [`crate::Store::sync`], a checkpoint, or the interval
-//! (see [`crate::Tuning::sync_interval`]) syncs them all. Hybrid mode syncs every
-//! batch: its journals are read in place and replayed in the background.
+//! (see [`crate::Tuning::sync_interval`]) syncs them all.
+//!
+//! Hybrid mode: a batch of nothing but unsynced writes that all go to the journal is
+//! appended there without an fdatasync and indexed at once (reads take journal data
+//! in place). Replay leaves their journal data alone until it is synced
+//! (`Journals::durable`); unsynced records live in one journal at a time (a batch
+//! bound elsewhere, or one that must be durable in another journal, syncs them
+//! first); the meta file is saved only after they are synced.
 //!
 //! Bounds: at most [`UNSYNCED_BYTES_MAX`] of data, and no more records than one batch
 //! may hold ([`BATCH_RECORDS_MAX`]), so a crash leaves intact records past a torn one
@@ -64,10 +70,9 @@ impl Committer {
     pub(crate) fn may_leave_unsynced(&self, batch: &[Change]) -> bool {
         let bytes: usize = self.unsynced.iter().map(|u| u.data.len()).sum::<usize>()
             + batch.iter().map(|c| c.data.len()).sum::<usize>();
-        !self.hybrid()
-            && batch
-                .iter()
-                .all(|c| !c.sync && c.header.kind == Kind::Write)
+        batch
+            .iter()
+            .all(|c| !c.sync && c.header.kind == Kind::Write)
             && self.unsynced.len() + batch.len() <= BATCH_RECORDS_MAX
             && bytes <= UNSYNCED_BYTES_MAX
     }
@@ -79,15 +84,25 @@ impl Committer {
             .drain(..)
             .map(|change| {
                 self.apply_meta(&change.header);
-                self.files.unsynced.add(change.header.chunk);
-                self.unsynced.push(Unsynced {
-                    header: change.header,
-                    data: change.data,
-                    _reservation: change._reservation,
-                });
+                self.hold_unsynced(change.header, change.data, change._reservation);
                 (change.done, Ok(()))
             })
             .collect()
+    }
+
+    /// Keeps an acknowledged, unsynced change until the next sync.
+    pub(crate) fn hold_unsynced(
+        &mut self,
+        header: RecordHeader,
+        data: Bytes,
+        reservation: Reservation,
+    ) {
+        self.files.unsynced.add(header.chunk);
+        self.unsynced.push(Unsynced {
+            header,
+            data,
+            _reservation: reservation,
+        });
     }
 
     /// Syncs the log, then applies the unsynced changes to their chunk files.
@@ -100,10 +115,16 @@ impl Committer {
         if !self.files.unsynced.any() {
             return Ok(());
         }
-        if let Err(e) = self.logs[0].file.sync_data() {
-            // Which of the acknowledged records the disk kept is unknown: stop taking
-            // changes (fail-stop); a restart replays what the log holds.
-            return Err(self.fail(format!("syncing the write-ahead log failed: {e}")));
+        let log = match self.hybrid() {
+            true => self.journals().unsynced_journal(),
+            false => Some(0),
+        };
+        if let Some(log) = log {
+            if let Err(e) = self.logs[log].file.sync_data() {
+                // Which of the acknowledged records the disk kept is unknown: stop
+                // taking changes (fail-stop); a restart replays what the log holds.
+                return Err(self.fail(format!("syncing the write-ahead log failed: {e}")));
+            }
         }
         self.apply_unsynced()?;
         self.synced();
@@ -114,7 +135,12 @@ impl Committer {
     /// durable (a log sync before, or a checkpoint's sync of the files after) and
     /// then calls [`Committer::synced`].
     pub(crate) fn apply_unsynced(&mut self) -> Result<(), StoreError> {
-        for change in std::mem::take(&mut self.unsynced) {
+        let unsynced = std::mem::take(&mut self.unsynced);
+        if self.hybrid() {
+            // Indexed at commit, read from the journals in place: replay applies them.
+            return Ok(());
+        }
+        for change in unsynced {
             if let Err(e) = self.apply_file(&change.header, &change.data, Merge::Check) {
                 // Acknowledged and in the log: a restart replays it.
                 return Err(self.fail(format!(
@@ -131,6 +157,9 @@ impl Committer {
     /// failed), rather than trust chunk files.
     pub(crate) fn synced(&self) {
         self.files.unsynced.clear();
+        if let Some(journals) = &self.files.journals {
+            journals.all_synced();
+        }
     }
 
     /// Stops the store taking changes, with `message` as every later change's error.
