@@ -47,6 +47,33 @@ fn ports_end() -> u16 {
 }
 
 /// A block of free ports; different tests in one run never share one.
+/// A test's directory, kept (its path printed) when the test panics, so that the
+/// logs of the processes it ran outlive the failure.
+pub struct TestDir(Option<tempfile::TempDir>);
+
+impl TestDir {
+    pub fn new() -> TestDir {
+        TestDir(Some(tempfile::tempdir().unwrap()))
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.as_ref().expect("the directory lives").path()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(dir) = self.0.take() {
+                eprintln!(
+                    "the failed test's directory is kept: {}",
+                    dir.keep().display()
+                );
+            }
+        }
+    }
+}
+
 pub fn free_ports() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     let blocks = u32::from((ports_end() - PORTS_FIRST) / PORTS_PER_CLUSTER);

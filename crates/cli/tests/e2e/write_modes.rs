@@ -27,7 +27,7 @@
 //! flush-epoch volume across a gateway kill: write_modes_ext4.rs; full disks under a
 //! flush-epoch volume: full_disk.rs.
 
-use crate::cluster::{free_ports, nbdsh, output, Cluster};
+use crate::cluster::{free_ports, nbdsh, output, Cluster, TestDir};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -333,7 +333,7 @@ fn kill_all(pids: &mut [u32], gap_ms: u64, rng: &mut StdRng) {
 
 #[test]
 fn a_flush_epoch_volume_keeps_a_prefix_of_its_epochs_across_kills() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new();
     let args = vec!["--write-mode".to_string(), "flush-epoch".to_string()];
     let mut cluster = Cluster::start_with(dir.path(), free_ports(), None, args);
     let info = cluster.floe(&["volume", "info", "demo"]);
@@ -455,7 +455,7 @@ fn a_flush_epoch_volume_keeps_a_prefix_of_its_epochs_across_kills() {
         let writes = ledger(&ledger_path);
         let acknowledged = writes.values().flatten().filter(|w| w.acknowledged).count();
         let r = prefix(&writes, &held).unwrap_or_else(|| {
-            panic!("round {round}: the region holds no prefix of the epochs\nledger {writes:?}\nheld {held:?}")
+            panic!("round {round} (killed {kill:?}): the region holds no prefix of the epochs\nledger {writes:?}\nheld {held:?}")
         });
         // A FUA write was durable before its reply, after every epoch before its own.
         for (block, ws) in &writes {
