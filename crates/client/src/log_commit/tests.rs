@@ -69,7 +69,7 @@ impl PowerCut {
     }
 
     async fn delay(&self) {
-        let ms = self.rng.lock().unwrap().gen_range(0..4);
+        let ms = self.rng.lock().unwrap().gen_range(0..6);
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 
@@ -233,7 +233,16 @@ fn apply(image: &mut [u8], change: &Change) {
 }
 
 async fn open(name: &str, device: Arc<PowerCut>, writable: bool) -> LogCommit {
-    LogCommit::open_with(name, device, SIZE, layout(), writable, tuning())
+    open_tuned(name, device, writable, tuning()).await
+}
+
+async fn open_tuned(
+    name: &str,
+    device: Arc<PowerCut>,
+    writable: bool,
+    tuning: Tuning,
+) -> LogCommit {
+    LogCommit::open_with(name, device, SIZE, layout(), writable, tuning)
         .await
         .expect("the log opens")
 }
@@ -339,9 +348,15 @@ async fn crash_rounds(seed: u64) {
     let name = format!("crash-{seed}");
     let mut device = PowerCut::new(layout().backing_bytes(), rng.gen(), HashMap::new());
     let mut base = vec![0u8; SIZE as usize];
-    let rounds = 3;
+    // Checkpoints from every slot write to every 8 (all the spare slots); few or many
+    // writes in flight.
+    let tuning = Tuning {
+        limit_bytes: rng.gen_range(2..=16) * BLOCK_BYTES,
+        checkpoint_every: rng.gen_range(1..=8),
+    };
+    let rounds = 4;
     for round in 0..=rounds {
-        let layer = open(&name, device.clone(), true).await;
+        let layer = open_tuned(&name, device.clone(), true, tuning).await;
         assert_eq!(
             image(&layer).await,
             base,
@@ -359,7 +374,9 @@ async fn crash_rounds(seed: u64) {
             "seed {seed}: reads see every acknowledged write"
         );
         let survivor = if round < rounds {
-            tokio::time::sleep(Duration::from_millis(rng.gen_range(0..20))).await;
+            if rng.gen_bool(0.5) {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(0..12))).await;
+            }
             let survivor = device.cut(rng.gen());
             drop(layer);
             survivor
