@@ -108,6 +108,8 @@ pub(super) struct Log {
     next_issue: u64,
     last_issued: Option<Cursor>,
     last_retired: Option<u64>,
+    /// Entries done since the last flush below began: the next one covers them.
+    done_unflushed: Vec<u64>,
     /// Bytes of the queue's entries (a block each).
     pub(super) bytes: u64,
     /// No new issues: a checkpoint is due.
@@ -146,6 +148,7 @@ impl Log {
             next_issue: 0,
             last_issued: None,
             last_retired: None,
+            done_unflushed: Vec::new(),
             bytes: 0,
             checkpointing: false,
             flushing: false,
@@ -279,6 +282,7 @@ impl Log {
                 let entry = self.entry(id);
                 assert!(entry.at.is_some() && !entry.done, "answered once");
                 entry.done = true;
+                self.done_unflushed.push(id);
             }
             Err(e) => self.break_with(e),
         }
@@ -289,12 +293,7 @@ impl Log {
         if self.flushing || self.broken.is_some() {
             return Vec::new();
         }
-        let ids: Vec<u64> = self
-            .queue
-            .iter()
-            .filter(|e| e.done && !e.durable)
-            .map(|e| e.id)
-            .collect();
+        let ids = std::mem::take(&mut self.done_unflushed);
         self.flushing = !ids.is_empty();
         ids
     }
@@ -310,7 +309,12 @@ impl Log {
             return;
         }
         for &id in ids {
-            self.entry(id).durable = true;
+            let entry = self.entry(id);
+            assert!(
+                entry.done && !entry.durable,
+                "flushed once, after it was done"
+            );
+            entry.durable = true;
         }
         while self.queue.front().is_some_and(|e| e.durable) {
             let entry = self.queue.pop_front().expect("a front");
