@@ -611,9 +611,8 @@ pub struct ScrubReport {
 mod tests {
     use super::*;
 
-    #[test]
-    fn chunk_count_covers_partial_object_sets() {
-        let spec = |size_bytes| VolumeSpec {
+    fn spec_in(write_mode: WriteMode, size_bytes: u64) -> VolumeSpec {
+        VolumeSpec {
             name: "v".into(),
             size_bytes,
             replicas: 3,
@@ -621,8 +620,13 @@ mod tests {
             stripe_unit_bytes: 64 << 10,
             stripe_count: 4,
             mode: VolumeMode::Hybrid,
-            write_mode: Default::default(),
-        };
+            write_mode,
+        }
+    }
+
+    #[test]
+    fn chunk_count_covers_partial_object_sets() {
+        let spec = |size_bytes| spec_in(WriteMode::WriteThrough, size_bytes);
         assert_eq!(spec(64 << 10).chunk_count(), 1);
         assert_eq!(spec(128 << 10).chunk_count(), 2);
         assert_eq!(
@@ -633,10 +637,7 @@ mod tests {
         assert_eq!(spec(256 << 20).chunk_count(), 4);
         assert_eq!(spec((256 << 20) + 512).chunk_count(), 5);
         assert_eq!(spec(1 << 30).chunk_count(), 16);
-        let log = VolumeSpec {
-            write_mode: WriteMode::LogCommit,
-            ..spec(1 << 30)
-        };
+        let log = spec_in(WriteMode::LogCommit, 1 << 30);
         // 2.25 GiB of slots and 2 MiB of checkpoints: 36 whole chunks and a partial
         // object set of 2 MiB + 8 KiB, which reaches all 4 chunks of the set.
         assert_eq!(log.backing_bytes(), (9 << 28) + 2 * ((1 << 20) + 4096));
@@ -646,16 +647,7 @@ mod tests {
 
     #[test]
     fn log_commit_volumes_are_capped_and_block_aligned() {
-        let spec = |size_bytes| VolumeSpec {
-            name: "v".into(),
-            size_bytes,
-            replicas: 3,
-            chunk_bytes: 64 << 20,
-            stripe_unit_bytes: 64 << 10,
-            stripe_count: 4,
-            mode: VolumeMode::Hybrid,
-            write_mode: WriteMode::LogCommit,
-        };
+        let spec = |size_bytes| spec_in(WriteMode::LogCommit, size_bytes);
         assert!(spec(65 << 30)
             .validate()
             .unwrap_err()
