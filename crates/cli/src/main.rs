@@ -186,15 +186,19 @@ enum VolumeCommand {
         /// behind ssd journals) or hdd (all replicas).
         #[arg(long, default_value = "hybrid")]
         mode: VolumeMode,
-        /// When writes are acknowledged: write-through (once durable on the replicas)
-        /// or flush-epoch (at once; a FLUSH orders, a crash keeps a prefix of the
-        /// epochs; FUA writes durable before their reply).
+        /// When writes are acknowledged: write-through (once durable on the replicas),
+        /// write-back (once the replicas logged them; FLUSH syncs), flush-epoch (at
+        /// once; a FLUSH orders, a crash keeps a prefix of the epochs; FUA writes
+        /// durable before their reply) or log-commit (at once, and issued at once to a
+        /// log in the volume's chunks; a crash keeps a prefix of the writes; chosen
+        /// here only, at most 64 GiB, 4 KiB-aligned size).
         #[arg(long, default_value = "write-through")]
         write_mode: WriteMode,
         #[command(flatten)]
         qos: QosArgs,
     },
-    /// Change a volume's write mode; it takes effect when the volume is next opened.
+    /// Change a volume's write mode; it takes effect when the volume is next opened
+    /// (not to or from log-commit: its chunks hold a log).
     SetWriteMode {
         name: String,
         mode: WriteMode,

@@ -20,45 +20,19 @@
 //! - A change that fails after it was acknowledged fails the next FLUSH or FUA write:
 //!   the error is never lost.
 //! - Dropped (the last NBD connection closed), the layer goes on until every change
-//!   is retired; [`drained`] waits for every such layer of the process.
+//!   is retired; [`crate::draining::drained`] waits for every such layer of the
+//!   process.
 
+use crate::draining::Live;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use floe_blockdev::{check_range, BlockDevice, Extent, IoError};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{oneshot, Notify};
 
 /// Unretired bytes a volume may hold by default.
 pub const LIMIT_BYTES_DEFAULT: u64 = 64 << 20;
-
-/// Layers of this process still retiring changes, by volume, and a wake-up for
-/// [`drained`].
-static LIVE: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
-static RETIRED: Notify = Notify::const_new();
-
-/// Waits until every flush-epoch layer of the process has retired its changes (a
-/// gateway stopping waits for this, so no acknowledged write is dropped).
-pub async fn drained() {
-    drained_where(|live| live.is_empty()).await
-}
-
-/// Waits until no layer of `volume` is left retiring changes. Opening a volume for
-/// writing waits for this: its new lease would fence a dropped layer still sending
-/// the acknowledged writes of the volume's last connection.
-pub async fn drained_volume(volume: &str) {
-    drained_where(|live| !live.contains_key(volume)).await
-}
-
-async fn drained_where(done: impl Fn(&BTreeMap<String, usize>) -> bool) {
-    loop {
-        let retired = RETIRED.notified();
-        if done(&LIVE.lock().unwrap()) {
-            return;
-        }
-        retired.await;
-    }
-}
 
 #[derive(Debug, Clone)]
 enum What {
@@ -281,30 +255,6 @@ impl Drop for FlushEpoch {
     fn drop(&mut self) {
         self.shared.queue.lock().unwrap().closing = true;
         self.shared.changed.notify_waiters();
-    }
-}
-
-/// Counts a dispatcher among the live ones while it runs (or until its runtime drops
-/// it).
-struct Live(String);
-
-impl Live {
-    fn new(volume: &str) -> Live {
-        *LIVE.lock().unwrap().entry(volume.to_string()).or_default() += 1;
-        Live(volume.to_string())
-    }
-}
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        let mut live = LIVE.lock().unwrap();
-        let count = live.get_mut(&self.0).expect("counted when made");
-        *count -= 1;
-        if *count == 0 {
-            live.remove(&self.0);
-        }
-        drop(live);
-        RETIRED.notify_waiters();
     }
 }
 
@@ -624,7 +574,7 @@ mod tests {
         third.await.unwrap().unwrap();
         drop(layer);
         gated.gate.add_permits(2);
-        tokio::time::timeout(Duration::from_secs(5), drained())
+        tokio::time::timeout(Duration::from_secs(5), crate::draining::drained())
             .await
             .expect("the dropped layer retires what it acknowledged");
         assert_eq!(gated.inner.read(8192, 4096).await.unwrap(), block(3));

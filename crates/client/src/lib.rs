@@ -9,11 +9,17 @@
 //!   (versions, majority commit, laggard reports, reads with version checks), and
 //!   write-back's unsynced writes and FLUSH.
 //! - [`flush_epoch`]: Blizzard's flush-epoch write mode, over all of it.
+//! - [`log_commit`]: Blizzard's log-commit write mode, over all of it: a log with
+//!   checkpoints and roll-forward in the volume's chunks.
+//! - [`draining`]: counts the layers (flush-epoch, log-commit) still retiring
+//!   acknowledged writes after they were dropped.
 //!
-//! [`open_volume`] composes them for a volume name: [flush-epoch ->] qos -> stripe ->
-//! replicated.
+//! [`open_volume`] composes them for a volume name: [flush-epoch | log-commit ->] qos
+//! -> stripe -> replicated.
+pub mod draining;
 pub mod flush_epoch;
 pub mod lease;
+pub mod log_commit;
 pub mod master;
 pub mod qos;
 pub mod replicated;
@@ -38,9 +44,10 @@ pub async fn open_volume(
     access: Access<'_>,
 ) -> Result<Arc<dyn BlockDevice>, String> {
     let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
+    let writable = matches!(access, Access::Write { .. });
     let lease = match access {
         Access::Write { holder } => {
-            flush_epoch::drained_volume(name).await;
+            draining::drained_volume(name).await;
             Some(lease::Lease::acquire_waiting(master.clone(), name, holder).await?)
         }
         Access::Read => None,
@@ -60,9 +67,11 @@ pub async fn open_volume(
     };
     let layout = stripe::Layout::of(&map.volume.spec);
     let size = map.volume.spec.size_bytes;
+    // A log-commit volume's chunks hold its log: more than its size.
+    let backing = map.volume.spec.backing_bytes();
     let write_mode = map.volume.spec.write_mode;
     let chunks = replicated::ReplicatedChunks::new(master, map, lease);
-    let striped = stripe::Striped::new(layout, size, chunks);
+    let striped = stripe::Striped::new(layout, backing, chunks);
     let device: Arc<dyn BlockDevice> = Arc::new(qos::Qos::new(striped, limits));
     Ok(match write_mode {
         // The replicated layer writes unsynced and syncs at FLUSH.
@@ -72,5 +81,16 @@ pub async fn open_volume(
             device,
             flush_epoch::LIMIT_BYTES_DEFAULT,
         )),
+        WriteMode::LogCommit => Arc::new(
+            log_commit::LogCommit::open(
+                name,
+                device,
+                size,
+                writable,
+                log_commit::LIMIT_BYTES_DEFAULT,
+            )
+            .await
+            .map_err(|e| format!("cannot open the log of volume {name}: {e}"))?,
+        ),
     })
 }

@@ -68,6 +68,7 @@ pub async fn run(
     });
     tracing::info!(%address, master, read_only, "gateway serving NBD");
     floe_nbd::serve(listener, exports, shutdown).await;
-    // Writes acknowledged early (flush-epoch volumes) reach the replicas first.
-    floe_client::flush_epoch::drained().await;
+    // Writes acknowledged early (flush-epoch and log-commit volumes) reach the
+    // replicas first.
+    floe_client::draining::drained().await;
 }

@@ -88,6 +88,14 @@ impl Master {
         let volume = self
             .put_volume(|state| {
                 let mut volume = state.volume(name)?;
+                if volume.spec.write_mode == WriteMode::LogCommit
+                    && size_bytes != volume.spec.size_bytes
+                {
+                    return Err((
+                        Status::BadRequest,
+                        format!("volume {name} is log-commit: its log and checkpoints are laid out for its size at create; resizing is not supported"),
+                    ));
+                }
                 if size_bytes < volume.spec.size_bytes {
                     return Err((
                         Status::BadRequest,
@@ -114,6 +122,13 @@ impl Master {
         let volume = self
             .put_volume(|state| {
                 let mut volume = state.volume(name)?;
+                let was = volume.spec.write_mode;
+                if (was == WriteMode::LogCommit) != (mode == WriteMode::LogCommit) {
+                    return Err((
+                        Status::BadRequest,
+                        format!("volume {name} is {was}: log-commit keeps a log where the other modes keep the blocks in place, so it is chosen at create, not switched to or from"),
+                    ));
+                }
                 volume.spec.write_mode = mode;
                 Ok(volume)
             })

@@ -6,6 +6,8 @@
 //!   hand-packed binary layout, the control plane (requests to the master, and to chunk
 //!   servers about their replicas: separate types and frame kinds) JSON bodies.
 //! - [`types`]: cluster objects shared by every process (volumes, servers, chunks).
+//! - [`log_commit`]: the on-disk layout of a log-commit volume (master and gateway
+//!   agree on its size).
 //! - [`connection`]: a pipelined client connection: many requests in flight, replies
 //!   matched by request id, outgoing frames batched into few socket writes.
 //! - [`server`]: the accept loop and per-connection serving with the same batching.
@@ -16,6 +18,7 @@
 //! another version is refused with a clear error.
 pub mod connection;
 pub mod frame;
+pub mod log_commit;
 pub mod message;
 pub mod server;
 pub mod transport;

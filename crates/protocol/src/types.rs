@@ -164,13 +164,19 @@ pub enum WriteMode {
     /// At once; a FLUSH is an ordering point: a crash keeps a prefix of the epochs
     /// between FLUSHes. FUA writes are durable before their reply.
     FlushEpoch,
+    /// At once, and issued at once to a log (Blizzard 2.5.3, [`crate::log_commit`]):
+    /// a FLUSH is an ordering point as in flush-epoch, and a crash keeps a prefix of
+    /// the acknowledged writes, with less at risk than flush-epoch. Chosen at create:
+    /// the volume's chunks hold a log, not the blocks in place.
+    LogCommit,
 }
 
 impl WriteMode {
-    const NAMES: [(&'static str, WriteMode); 3] = [
+    const NAMES: [(&'static str, WriteMode); 4] = [
         ("write-through", WriteMode::WriteThrough),
         ("write-back", WriteMode::WriteBack),
         ("flush-epoch", WriteMode::FlushEpoch),
+        ("log-commit", WriteMode::LogCommit),
     ];
 }
 
@@ -258,8 +264,18 @@ impl VolumeSpec {
     pub fn chunk_count(&self) -> u64 {
         let count = self.stripe_count as u64;
         let set_bytes = self.chunk_bytes * count;
-        let partial_units = (self.size_bytes % set_bytes).div_ceil(self.stripe_unit_bytes);
-        self.size_bytes / set_bytes * count + partial_units.min(count)
+        let backing = self.backing_bytes();
+        let partial_units = (backing % set_bytes).div_ceil(self.stripe_unit_bytes);
+        backing / set_bytes * count + partial_units.min(count)
+    }
+
+    /// The bytes the volume's chunks hold: its size, or for a log-commit volume its
+    /// log and checkpoints.
+    pub fn backing_bytes(&self) -> u64 {
+        match self.write_mode {
+            WriteMode::LogCommit => crate::log_commit::Layout::of(self.size_bytes).backing_bytes(),
+            _ => self.size_bytes,
+        }
     }
 
     /// Checks the layout rules the striping formula relies on.
@@ -281,6 +297,9 @@ impl VolumeSpec {
                 "volume size {} must be a positive multiple of 512 bytes",
                 self.size_bytes
             ));
+        }
+        if self.write_mode == WriteMode::LogCommit {
+            crate::log_commit::check_size(self.size_bytes)?;
         }
         if self.replicas == 0 || self.replicas > 8 {
             return Err(format!(
@@ -592,9 +611,8 @@ pub struct ScrubReport {
 mod tests {
     use super::*;
 
-    #[test]
-    fn chunk_count_covers_partial_object_sets() {
-        let spec = |size_bytes| VolumeSpec {
+    fn spec_in(write_mode: WriteMode, size_bytes: u64) -> VolumeSpec {
+        VolumeSpec {
             name: "v".into(),
             size_bytes,
             replicas: 3,
@@ -602,8 +620,13 @@ mod tests {
             stripe_unit_bytes: 64 << 10,
             stripe_count: 4,
             mode: VolumeMode::Hybrid,
-            write_mode: Default::default(),
-        };
+            write_mode,
+        }
+    }
+
+    #[test]
+    fn chunk_count_covers_partial_object_sets() {
+        let spec = |size_bytes| spec_in(WriteMode::WriteThrough, size_bytes);
         assert_eq!(spec(64 << 10).chunk_count(), 1);
         assert_eq!(spec(128 << 10).chunk_count(), 2);
         assert_eq!(
@@ -614,5 +637,24 @@ mod tests {
         assert_eq!(spec(256 << 20).chunk_count(), 4);
         assert_eq!(spec((256 << 20) + 512).chunk_count(), 5);
         assert_eq!(spec(1 << 30).chunk_count(), 16);
+        let log = spec_in(WriteMode::LogCommit, 1 << 30);
+        // 2.25 GiB of slots and 2 MiB of checkpoints: 36 whole chunks and a partial
+        // object set of 2 MiB + 8 KiB, which reaches all 4 chunks of the set.
+        assert_eq!(log.backing_bytes(), (9 << 28) + 2 * ((1 << 20) + 4096));
+        assert_eq!(log.chunk_count(), 40);
+        assert!(log.validate().is_ok());
+    }
+
+    #[test]
+    fn log_commit_volumes_are_capped_and_block_aligned() {
+        let spec = |size_bytes| spec_in(WriteMode::LogCommit, size_bytes);
+        assert!(spec(65 << 30)
+            .validate()
+            .unwrap_err()
+            .contains("at most 64 GiB"));
+        assert!(spec(4096 + 512).validate().is_err());
+        assert!(spec(64 << 30).validate().is_ok());
+        assert_eq!("log-commit".parse::<WriteMode>(), Ok(WriteMode::LogCommit));
+        assert_eq!(WriteMode::LogCommit.to_string(), "log-commit");
     }
 }

@@ -1,6 +1,8 @@
 //! Write modes: a flush-epoch volume (Blizzard 2.5.2) acknowledges writes at once, and
 //! a crash leaves a prefix of the epochs between FLUSHes: all of them up to some R, part
-//! of R+1, nothing later; every acknowledged FUA write survives.
+//! of R+1, nothing later; every acknowledged FUA write survives. A log-commit volume
+//! (2.5.3) acknowledges and issues writes at once, and a crash leaves a prefix of the
+//! writes in acknowledgement order (so of the epochs too), with every FUA write.
 //!
 //! Each round an nbdsh writer (epoch_client.py) writes random blocks of its own region
 //! in epochs, FLUSHes between them, and logs every write it sends and its ack. At a
@@ -14,18 +16,20 @@
 //!
 //! A fresh gateway then reads the region back and the ledger is checked. The volume is
 //! rate-limited below the client's pace, so many epochs are unretired at each kill.
-//! `FLOE_EPOCH_ROUNDS` sets the rounds (default 6, about a minute); `FLOE_EPOCH_SEED`
-//! replays a run's choices (kinds, victims, delays, the writers' blocks), not their
-//! timing. The long run (about 75 minutes here; at most 1024 rounds fit the volume):
+//! `FLOE_EPOCH_ROUNDS` sets the rounds (default 6 for flush-epoch, about a minute, and
+//! 3 for log-commit); `FLOE_EPOCH_SEED` replays a run's choices (kinds, victims,
+//! delays, the writers' blocks), not their timing. The long run (about 75 minutes
+//! here; at most 1024 rounds fit the volume):
 //!
 //! ```sh
 //! FLOE_EPOCH_ROUNDS=500 cargo test -p floe-cli --test e2e write_modes::a_flush_epoch_volume_keeps -- --nocapture
+//! FLOE_EPOCH_ROUNDS=500 cargo test -p floe-cli --test e2e write_modes::a_log_commit_volume_keeps -- --nocapture
 //! ```
 //!
 //! Also here: a connection opening the volume while the gateway still drains a closed
-//! one's writes must not lose them. ext4 on a
-//! flush-epoch volume across a gateway kill: write_modes_ext4.rs; full disks under a
-//! flush-epoch volume: full_disk.rs.
+//! one's writes must not lose them; a log-commit volume is chosen at create only, and
+//! at most 64 GiB. ext4 on a flush-epoch volume across a gateway kill:
+//! write_modes_ext4.rs; full disks under a flush-epoch volume: full_disk.rs.
 
 use crate::cluster::{free_ports, nbdsh, output, Cluster, TestDir};
 use rand::rngs::StdRng;
@@ -117,6 +121,23 @@ fn prefix(writes: &HashMap<u64, Vec<Write>>, held: &HashMap<u64, (u64, u64)>) ->
             let held = held.get(block).map(|h| h.1);
             let last = ws.iter().rfind(in_prefix).map(|w| w.seq);
             held == last || ws.iter().filter(next).any(|w| Some(w.seq) == held)
+        }) && held.keys().all(|block| writes.contains_key(block))
+    })
+}
+
+/// The largest S for which every block of the region holds the last write sent to it
+/// with a sequence number up to S (or nothing, if none): a prefix of the writes in
+/// the order they were acknowledged (the writer has one in flight at a time); `None`
+/// if there is none.
+fn sequence_prefix(
+    writes: &HashMap<u64, Vec<Write>>,
+    held: &HashMap<u64, (u64, u64)>,
+) -> Option<u64> {
+    let last = writes.values().flatten().map(|w| w.seq).max()?;
+    (0..=last).rev().find(|&s| {
+        writes.iter().all(|(block, ws)| {
+            let expected = ws.iter().rfind(|w| w.seq <= s).map(|w| w.seq);
+            held.get(block).map(|h| h.1) == expected
         }) && held.keys().all(|block| writes.contains_key(block))
     })
 }
@@ -333,31 +354,76 @@ fn kill_all(pids: &mut [u32], gap_ms: u64, rng: &mut StdRng) {
 
 #[test]
 fn a_flush_epoch_volume_keeps_a_prefix_of_its_epochs_across_kills() {
+    a_volume_keeps_a_prefix_across_kills("flush-epoch", 6);
+}
+
+/// As flush-epoch, and the prefix is one of the writes in acknowledgement order, not
+/// only of the epochs. Also: the mode is chosen at create, not switched to or from,
+/// and a log-commit volume is at most 64 GiB.
+#[test]
+fn a_log_commit_volume_keeps_a_prefix_of_its_writes_across_kills() {
+    a_volume_keeps_a_prefix_across_kills("log-commit", 3);
+}
+
+fn refused(master: &str, args: &[&str]) -> String {
+    let out = output(Command::new(FLOE).args(["--master", master]).args(args));
+    assert!(!out.status.success(), "floe {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn a_volume_keeps_a_prefix_across_kills(write_mode: &str, default_rounds: u64) {
     let dir = TestDir::new();
-    let args = vec!["--write-mode".to_string(), "flush-epoch".to_string()];
+    let args = vec!["--write-mode".to_string(), write_mode.to_string()];
     let mut cluster = Cluster::start_with(dir.path(), free_ports(), None, args);
     let info = cluster.floe(&["volume", "info", "demo"]);
-    assert!(info.contains("write mode:    flush-epoch"), "{info}");
-    let bad = output(Command::new(FLOE).args([
-        "--master",
-        &cluster.info.master,
-        "volume",
-        "set-write-mode",
-        "demo",
-        "write-sometimes",
-    ]));
-    assert!(!bad.status.success());
-    let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(
-        stderr.contains("write-through, write-back, flush-epoch"),
+        info.contains(&format!("write mode:    {write_mode}")),
+        "{info}"
+    );
+    let master = cluster.info.master.clone();
+    let stderr = refused(
+        &master,
+        &["volume", "set-write-mode", "demo", "write-sometimes"],
+    );
+    assert!(
+        stderr.contains("write-through, write-back, flush-epoch, log-commit"),
         "{stderr}"
     );
+    let log_commit = write_mode == "log-commit";
+    if log_commit {
+        let stderr = refused(
+            &master,
+            &["volume", "set-write-mode", "demo", "flush-epoch"],
+        );
+        assert!(stderr.contains("chosen at create"), "{stderr}");
+        let stderr = refused(&master, &["volume", "resize", "demo", "--size", "2G"]);
+        assert!(stderr.contains("resizing is not supported"), "{stderr}");
+        let list = cluster.floe(&["volume", "list"]);
+        assert!(list.contains("log-commit"), "{list}");
+    } else {
+        let stderr = refused(&master, &["volume", "set-write-mode", "demo", "log-commit"]);
+        assert!(stderr.contains("chosen at create"), "{stderr}");
+    }
+    let stderr = refused(
+        &master,
+        &[
+            "volume",
+            "create",
+            "huge",
+            "--size",
+            "65G",
+            "--write-mode",
+            "log-commit",
+        ],
+    );
+    assert!(stderr.contains("at most 64 GiB"), "{stderr}");
 
     // The replicas take writes slower than the client acknowledges them, so a kill
     // finds many epochs unretired: an order broken anywhere shows.
     cluster.floe(&["volume", "set-qos", "demo", "--iops", "150"]);
 
-    let rounds: u64 = std::env::var("FLOE_EPOCH_ROUNDS").map_or(6, |r| r.parse().unwrap());
+    let rounds: u64 =
+        std::env::var("FLOE_EPOCH_ROUNDS").map_or(default_rounds, |r| r.parse().unwrap());
     assert!(
         rounds * REGION_BLOCKS <= VOLUME_BLOCKS,
         "at most {} rounds fit the volume",
@@ -365,7 +431,7 @@ fn a_flush_epoch_volume_keeps_a_prefix_of_its_epochs_across_kills() {
     );
     let seed: u64 =
         std::env::var("FLOE_EPOCH_SEED").map_or_else(|_| rand::random(), |s| s.parse().unwrap());
-    eprintln!("write modes: seed {seed} (FLOE_EPOCH_SEED replays), {rounds} rounds");
+    eprintln!("{write_mode}: seed {seed} (FLOE_EPOCH_SEED replays), {rounds} rounds");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut first_kinds = [0, 1, 2];
     first_kinds.shuffle(&mut rng);
@@ -469,8 +535,22 @@ fn a_flush_epoch_volume_keeps_a_prefix_of_its_epochs_across_kills() {
             }
         }
         let epochs = writes.values().flatten().map(|w| w.epoch).max().unwrap();
+        if log_commit {
+            sequence_prefix(&writes, &held).unwrap_or_else(|| {
+                panic!("round {round} (killed {kill:?}): the region holds no prefix of the writes\nledger {writes:?}\nheld {held:?}")
+            });
+        }
+        // Acknowledged writes the kill lost: their block holds an older write.
+        let lost = writes
+            .iter()
+            .flat_map(|(block, ws)| {
+                let held = held.get(block).map(|h| h.1);
+                ws.iter()
+                    .filter(move |w| w.acknowledged && held < Some(w.seq))
+            })
+            .count();
         eprintln!(
-            "round {round}: killed {kill:?}: {acknowledged} writes in {} epochs acknowledged; epochs 0..={r} whole after the kill ({:.0?} so far)",
+            "round {round}: killed {kill:?}: {acknowledged} writes in {} epochs acknowledged; epochs 0..={r} whole after the kill, {lost} acknowledged writes lost ({:.0?} so far)",
             epochs + 1,
             started.elapsed()
         );
@@ -479,7 +559,7 @@ fn a_flush_epoch_volume_keeps_a_prefix_of_its_epochs_across_kills() {
         gateway = next;
     }
     eprintln!(
-        "write modes: seed {seed}, {rounds} rounds in {:.0?}: {} killed the gateway, {} the gateway and chunk servers, {} every process",
+        "{write_mode}: seed {seed}, {rounds} rounds in {:.0?}: {} killed the gateway, {} the gateway and chunk servers, {} every process",
         started.elapsed(),
         kinds[0],
         kinds[1],

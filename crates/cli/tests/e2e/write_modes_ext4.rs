@@ -1,5 +1,5 @@
-//! ext4 on a flush-epoch volume (nbdfuse, loop mount, as in ext4.rs) stays consistent
-//! when its gateway is killed in the middle of a copy workload.
+//! ext4 on a flush-epoch or a log-commit volume (nbdfuse, loop mount, as in ext4.rs)
+//! stays consistent when its gateway is killed in the middle of a copy workload.
 //!
 //! Each round copies a tree of files again and again (`cp -a` of one top-level entry
 //! at a time, each followed by `sync -f`; the copies before the last removed), kills
@@ -17,8 +17,8 @@
 //! whose commit waits for its data. (With the default `dioread_nolock` a new block is
 //! an unwritten extent, converted once its data is written: a crash may leave a file
 //! its full size with unwritten extents, reading zeroes, as ext4 allows; seen here.)
-//! Nothing is checked for presence: a FLUSH of a flush-epoch volume is an ordering
-//! point, not a durability point.
+//! Nothing is checked for presence: a FLUSH of a flush-epoch or log-commit volume is
+//! an ordering point, not a durability point.
 //!
 //! The journal is the smallest (4 MiB), so checkpoints (in-place metadata) come every
 //! few copies, and the volume is rate-limited below the copy's pace, so the kill finds
@@ -289,18 +289,32 @@ fn last_copy(mount: &Path) -> Option<u64> {
 
 #[test]
 fn ext4_on_a_flush_epoch_volume_is_consistent_after_its_gateway_is_killed_mid_copy() {
+    ext4_is_consistent_after_its_gateway_is_killed_mid_copy("flush-epoch");
+}
+
+/// The same on a log-commit volume: its writes land out of order, and recovery keeps
+/// a prefix of them.
+#[test]
+fn ext4_on_a_log_commit_volume_is_consistent_after_its_gateway_is_killed_mid_copy() {
+    ext4_is_consistent_after_its_gateway_is_killed_mid_copy("log-commit");
+}
+
+fn ext4_is_consistent_after_its_gateway_is_killed_mid_copy(write_mode: &str) {
     let dir = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let mount_dir = tempfile::tempdir().unwrap();
-    let args = vec!["--write-mode".to_string(), "flush-epoch".to_string()];
+    let args = vec!["--write-mode".to_string(), write_mode.to_string()];
     let cluster = Cluster::start_with(dir.path(), free_ports(), None, args);
     let info = cluster.floe(&["volume", "info", "demo"]);
-    assert!(info.contains("write mode:    flush-epoch"), "{info}");
+    assert!(
+        info.contains(&format!("write mode:    {write_mode}")),
+        "{info}"
+    );
 
     let rounds: u64 = std::env::var("FLOE_EPOCH_EXT4_ROUNDS").map_or(3, |r| r.parse().unwrap());
     let seed: u64 =
         std::env::var("FLOE_EPOCH_SEED").map_or_else(|_| rand::random(), |s| s.parse().unwrap());
-    eprintln!("ext4 on flush-epoch: seed {seed} (FLOE_EPOCH_SEED replays), {rounds} rounds");
+    eprintln!("ext4 on {write_mode}: seed {seed} (FLOE_EPOCH_SEED replays), {rounds} rounds");
     let mut rng = StdRng::seed_from_u64(seed);
     let source = work.path().join("source");
     let bytes = generate_tree(&source, &mut StdRng::seed_from_u64(0xe9_0c4));

@@ -1,6 +1,5 @@
-//! Write-back (the volume's [`WriteMode::WriteBack`], and below flush-epoch's layer): a
-//! write that is not FUA goes to
-//! the replicas marked unsynced, and commits as any change once every good replica
+//! Write-back (the volume's [`WriteMode::WriteBack`], and below the flush-epoch and
+//! log-commit layers): a write that is not FUA goes to the replicas marked unsynced, and commits as any change once every good replica
 //! (or a majority, the rest left behind) logged it; the replicas sync it in groups
 //! (see `floe_chunkstore`'s `unsynced`). A FLUSH asks every good replica of each chunk
 //! written since the last FLUSH to sync (`ReplicaRequest::Sync` at the chunk's
@@ -28,10 +27,13 @@ pub(super) struct Noted {
 }
 
 impl Unflushed {
-    /// Write-back writes unsynced; so does flush-epoch's layer, which flushes before
-    /// it retires changes.
+    /// Write-back writes unsynced; so do the flush-epoch and log-commit layers, which
+    /// flush before they retire changes.
     pub(super) fn new(mode: WriteMode) -> Unflushed {
-        let unsynced = matches!(mode, WriteMode::WriteBack | WriteMode::FlushEpoch);
+        let unsynced = matches!(
+            mode,
+            WriteMode::WriteBack | WriteMode::FlushEpoch | WriteMode::LogCommit
+        );
         Unflushed(unsynced.then(|| Noted {
             chunks: Mutex::default(),
             flushing: tokio::sync::Mutex::new(()),
