@@ -112,6 +112,10 @@ enum Command {
         /// Export volumes read-only: no lease is taken, so another gateway may write.
         #[arg(long)]
         read_only: bool,
+        /// Bytes of writes acknowledged early (flush-epoch and log-commit volumes) a
+        /// volume may hold in memory before they retire; beyond, writes wait.
+        #[arg(long, default_value = "64M", value_parser = size::parse)]
+        unretired_limit: u64,
     },
     /// Manage volumes.
     #[command(subcommand)]
@@ -427,9 +431,17 @@ async fn execute(cli: Cli) -> Result<(), String> {
             })
             .await
         }
-        Command::Gateway { listen, read_only } => {
+        Command::Gateway {
+            listen,
+            read_only,
+            unretired_limit,
+        } => {
             let listener = bind(&listen).await?;
-            floe_gateway::run(listener, &cli.master, read_only, stop_signal()).await;
+            let options = floe_gateway::Options {
+                read_only,
+                unretired_limit,
+            };
+            floe_gateway::run(listener, &cli.master, options, stop_signal()).await;
             Ok(())
         }
         Command::Volume(command) => match command {

@@ -31,9 +31,6 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{oneshot, Notify};
 
-/// Unretired bytes a volume may hold by default.
-pub const LIMIT_BYTES_DEFAULT: u64 = 64 << 20;
-
 #[derive(Debug, Clone)]
 enum What {
     Write(Bytes),
@@ -459,7 +456,7 @@ mod tests {
     #[tokio::test]
     async fn writes_are_acknowledged_at_once_and_issued_in_epoch_order() {
         let gated = Gated::new();
-        let layer = FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT);
+        let layer = FlushEpoch::new("v", gated.clone(), crate::UNRETIRED_LIMIT_DEFAULT);
         layer.write(0, block(1), false).await.unwrap();
         layer.write(4096, block(2), false).await.unwrap();
         layer.flush().await.unwrap();
@@ -489,7 +486,11 @@ mod tests {
     async fn the_next_epoch_waits_for_a_flush_below_that_covers_the_last() {
         let gated = Gated::new();
         gated.flush_gate.forget_permits(Semaphore::MAX_PERMITS);
-        let layer = Arc::new(FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT));
+        let layer = Arc::new(FlushEpoch::new(
+            "v",
+            gated.clone(),
+            crate::UNRETIRED_LIMIT_DEFAULT,
+        ));
         for i in 0..8u8 {
             layer
                 .write(u64::from(i) * 4096, block(i), false)
@@ -518,7 +519,7 @@ mod tests {
     async fn an_overlapping_write_waits_so_the_later_one_wins() {
         let gated = Gated::new();
         gated.gate.add_permits(16);
-        let layer = FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT);
+        let layer = FlushEpoch::new("v", gated.clone(), crate::UNRETIRED_LIMIT_DEFAULT);
         for byte in 1..=5 {
             layer.write(0, block(byte), false).await.unwrap();
         }
@@ -531,7 +532,11 @@ mod tests {
     #[tokio::test]
     async fn a_fua_write_is_durable_before_its_reply() {
         let gated = Gated::new();
-        let layer = Arc::new(FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT));
+        let layer = Arc::new(FlushEpoch::new(
+            "v",
+            gated.clone(),
+            crate::UNRETIRED_LIMIT_DEFAULT,
+        ));
         let fua = tokio::spawn({
             let layer = layer.clone();
             async move { layer.write(0, block(7), true).await }
@@ -548,7 +553,7 @@ mod tests {
         let gated = Gated::new();
         gated.broken.store(true, Ordering::Relaxed);
         gated.gate.add_permits(1);
-        let layer = FlushEpoch::new("v", gated.clone(), LIMIT_BYTES_DEFAULT);
+        let layer = FlushEpoch::new("v", gated.clone(), crate::UNRETIRED_LIMIT_DEFAULT);
         layer.write(0, block(1), false).await.unwrap();
         settle().await;
         assert!(matches!(layer.flush().await, Err(IoError::NoSpace(_))));

@@ -29,10 +29,18 @@ use floe_blockdev::BlockDevice;
 use floe_protocol::{VolumeLimits, WriteMode};
 use std::sync::Arc;
 
+/// Bytes of writes acknowledged early (flush-epoch, log-commit) a volume may hold
+/// unretired by default; beyond, writes wait (`floe gateway --unretired-limit`).
+pub const UNRETIRED_LIMIT_DEFAULT: u64 = 64 << 20;
+
 /// How a volume is opened.
 pub enum Access<'a> {
-    /// Writable, holding the volume's lease in the name of `holder`.
-    Write { holder: &'a str },
+    /// Writable, holding the volume's lease in the name of `holder`; at most
+    /// `unretired_limit` bytes of writes acknowledged early are held in memory.
+    Write {
+        holder: &'a str,
+        unretired_limit: u64,
+    },
     /// Read-only: no lease, writes fail.
     Read,
 }
@@ -44,9 +52,14 @@ pub async fn open_volume(
     access: Access<'_>,
 ) -> Result<Arc<dyn BlockDevice>, String> {
     let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
-    let writable = matches!(access, Access::Write { .. });
+    let (writable, limit) = match access {
+        Access::Write {
+            unretired_limit, ..
+        } => (true, unretired_limit),
+        Access::Read => (false, UNRETIRED_LIMIT_DEFAULT),
+    };
     let lease = match access {
-        Access::Write { holder } => {
+        Access::Write { holder, .. } => {
             draining::drained_volume(name).await;
             Some(lease::Lease::acquire_waiting(master.clone(), name, holder).await?)
         }
@@ -76,21 +89,11 @@ pub async fn open_volume(
     Ok(match write_mode {
         // The replicated layer writes unsynced and syncs at FLUSH.
         WriteMode::WriteThrough | WriteMode::WriteBack => device,
-        WriteMode::FlushEpoch => Arc::new(flush_epoch::FlushEpoch::new(
-            name,
-            device,
-            flush_epoch::LIMIT_BYTES_DEFAULT,
-        )),
+        WriteMode::FlushEpoch => Arc::new(flush_epoch::FlushEpoch::new(name, device, limit)),
         WriteMode::LogCommit => Arc::new(
-            log_commit::LogCommit::open(
-                name,
-                device,
-                size,
-                writable,
-                log_commit::LIMIT_BYTES_DEFAULT,
-            )
-            .await
-            .map_err(|e| format!("cannot open the log of volume {name}: {e}"))?,
+            log_commit::LogCommit::open(name, device, size, writable, limit)
+                .await
+                .map_err(|e| format!("cannot open the log of volume {name}: {e}"))?,
         ),
     })
 }

@@ -15,6 +15,8 @@ struct VolumeExports {
     master: Arc<MasterClient>,
     /// Lease holder name shown to a second gateway; `None`: read-only, no leases.
     holder: Option<String>,
+    /// Bytes of writes acknowledged early a volume may hold unretired.
+    unretired_limit: u64,
     /// Open volumes; held weakly so a volume closes with its last connection.
     open: Mutex<HashMap<String, Weak<dyn BlockDevice>>>,
 }
@@ -37,7 +39,10 @@ impl Exports for VolumeExports {
             return Ok(device);
         }
         let access = match &self.holder {
-            Some(holder) => floe_client::Access::Write { holder },
+            Some(holder) => floe_client::Access::Write {
+                holder,
+                unretired_limit: self.unretired_limit,
+            },
             None => floe_client::Access::Read,
         };
         let device = floe_client::open_volume(self.master.clone(), name, access).await?;
@@ -48,15 +53,28 @@ impl Exports for VolumeExports {
     }
 }
 
+/// How a gateway serves its volumes.
+pub struct Options {
+    /// Export volumes read-only: no leases.
+    pub read_only: bool,
+    /// Bytes of writes acknowledged early (flush-epoch, log-commit) a volume may hold
+    /// unretired; beyond, writes wait.
+    pub unretired_limit: u64,
+}
+
 /// Serves NBD on `listener` for volumes of the master at `master` until `shutdown`.
 /// A writable gateway takes each volume's lease while it has the volume open, so a
-/// second gateway cannot open it for writing meanwhile; a `read_only` one needs none.
+/// second gateway cannot open it for writing meanwhile; a read-only one needs none.
 pub async fn run(
     listener: TcpListener,
     master: &str,
-    read_only: bool,
+    options: Options,
     shutdown: impl std::future::Future,
 ) {
+    let Options {
+        read_only,
+        unretired_limit,
+    } = options;
     let address = listener
         .local_addr()
         .map(|a| a.to_string())
@@ -64,6 +82,7 @@ pub async fn run(
     let exports = Arc::new(VolumeExports {
         master: Arc::new(MasterClient::new(master)),
         holder: (!read_only).then(|| format!("gateway {address} (pid {})", std::process::id())),
+        unretired_limit,
         open: Mutex::default(),
     });
     tracing::info!(%address, master, read_only, "gateway serving NBD");

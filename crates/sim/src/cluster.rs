@@ -263,7 +263,10 @@ pub async fn open(
         ConnectionPool::over(transport),
     ));
     let access = match holder {
-        Some(holder) => floe_client::Access::Write { holder },
+        Some(holder) => floe_client::Access::Write {
+            holder,
+            unretired_limit: floe_client::UNRETIRED_LIMIT_DEFAULT,
+        },
         None => floe_client::Access::Read,
     };
     floe_client::open_volume(master, volume, access).await

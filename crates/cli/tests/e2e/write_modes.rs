@@ -195,6 +195,8 @@ impl Gateway {
         let log = std::fs::File::create(log).unwrap();
         let child = Command::new(FLOE)
             .args(["--master", master, "gateway", "--listen", &listen])
+            // Below the default: the writer meets back-pressure sooner.
+            .args(["--unretired-limit", "16M"])
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

@@ -53,9 +53,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
-/// Unretired bytes a volume may hold by default.
-pub const LIMIT_BYTES_DEFAULT: u64 = 64 << 20;
-
 /// A block the map says reads as zeroes.
 const ZEROES: u32 = u32::MAX;
 const BLOCK: usize = BLOCK_BYTES as usize;
