@@ -11,7 +11,8 @@
 
 use super::{Replicas, ReplicatedChunks, REPLICA_TIMEOUT};
 use floe_blockdev::IoError;
-use floe_protocol::{ReplicaRequest, Request, ServerId, WriteMode};
+use floe_protocol::connection::CallError;
+use floe_protocol::{ReplicaRequest, Request, ServerId, Status, WriteMode};
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
@@ -95,6 +96,18 @@ impl ReplicatedChunks {
             .zip(replies)
             .filter_map(|((id, _), reply)| reply.err().map(|e| (*id, e)))
             .collect();
+        // A replica saw a newer writer: this one's FLUSH promises nothing, and its
+        // word must not leave a replica behind.
+        let fenced = failed.iter().find_map(|(_, e)| match e {
+            CallError::Remote {
+                status: Status::Fenced,
+                message,
+            } => Some(message),
+            _ => None,
+        });
+        if let (Some(why), Some(lease)) = (fenced, &self.lease) {
+            return Err(lease.fenced(why));
+        }
         if good.len() - failed.len() < majority {
             let why = failed
                 .first()
