@@ -33,6 +33,11 @@ use floe_protocol::log_commit::{Layout, BLOCK_BYTES};
 use std::collections::VecDeque;
 use tokio::sync::oneshot;
 
+/// Slot writes in flight below at once. Unretired writes beyond wait in memory:
+/// thousands of 8 KiB writes queued on the chunk servers at once (a 64 MiB limit is
+/// 16,384 blocks) kept a FLUSH's sync waiting past its timeout, and the layer broke.
+const IN_FLIGHT_MAX: usize = 256;
+
 /// What one log position writes.
 #[derive(Debug, Clone)]
 pub(super) enum Content {
@@ -112,6 +117,8 @@ pub(super) struct Log {
     done_unflushed: Vec<u64>,
     /// Bytes of the queue's entries (a block each).
     pub(super) bytes: u64,
+    /// Slot writes issued and not yet answered, at most [`IN_FLIGHT_MAX`].
+    in_flight: usize,
     /// No new issues: a checkpoint is due.
     checkpointing: bool,
     flushing: bool,
@@ -150,6 +157,7 @@ impl Log {
             last_retired: None,
             done_unflushed: Vec::new(),
             bytes: 0,
+            in_flight: 0,
             checkpointing: false,
             flushing: false,
             broken: None,
@@ -230,7 +238,11 @@ impl Log {
     /// Stops where a checkpoint is due.
     pub(super) fn issuable(&mut self) -> Vec<Issue> {
         let mut out = Vec::new();
-        while self.next_issue < self.next_id && !self.checkpointing && self.broken.is_none() {
+        while self.next_issue < self.next_id
+            && self.in_flight < IN_FLIGHT_MAX
+            && !self.checkpointing
+            && self.broken.is_none()
+        {
             if self.allocated >= self.checkpoint_every {
                 self.checkpointing = true;
                 break;
@@ -246,6 +258,7 @@ impl Log {
             let at = self.next;
             self.next = self.permutation.next(at);
             self.allocated += 1;
+            self.in_flight += 1;
             let id = self.next_issue;
             self.next_issue += 1;
             let entry = self.entry(id);
@@ -277,6 +290,8 @@ impl Log {
 
     /// The volume below answered slot write `id`.
     pub(super) fn done(&mut self, id: u64, result: Result<(), IoError>) {
+        assert!(self.in_flight > 0, "an answer to a slot write in flight");
+        self.in_flight -= 1;
         match result {
             Ok(()) => {
                 let entry = self.entry(id);

@@ -9,7 +9,7 @@
 //! that lost unsynced writes to a power cut answers `Behind`; with too few left the
 //! FLUSH fails and the chunks stay unflushed for the next one.
 
-use super::{Replicas, ReplicatedChunks, REPLICA_TIMEOUT};
+use super::{Replicas, ReplicatedChunks};
 use floe_blockdev::IoError;
 use floe_protocol::connection::CallError;
 use floe_protocol::{ReplicaRequest, Request, ServerId, Status, WriteMode};
@@ -18,6 +18,11 @@ use std::sync::Mutex;
 
 /// Chunks written unsynced since the last FLUSH; `None` in write-through.
 pub(super) struct Unflushed(Option<Noted>);
+
+/// How long a replica may take to answer a Sync: it waits for an fdatasync of up to
+/// 32 MiB of unsynced writes, longer than a change's [`super::REPLICA_TIMEOUT`] on a
+/// busy server.
+const SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(super) struct Noted {
     chunks: Mutex<BTreeSet<u64>>,
@@ -88,7 +93,7 @@ impl ReplicatedChunks {
         });
         let replies = futures::future::join_all(good.iter().map(|(_, address)| {
             self.pool
-                .call_within(address, request.clone(), REPLICA_TIMEOUT)
+                .call_within(address, request.clone(), SYNC_TIMEOUT)
         }))
         .await;
         let failed: Vec<(ServerId, _)> = good
