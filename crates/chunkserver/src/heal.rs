@@ -88,6 +88,7 @@ async fn good_copy(
         offset,
         length: BLOCK_BYTES as u32,
         min_version: version,
+        max_version: u64::MAX,
     };
     let data = match server.peers.call(source, read).await {
         Ok(Response::Data(data)) if data.len() as u64 == BLOCK_BYTES => data,

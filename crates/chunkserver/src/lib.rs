@@ -542,29 +542,62 @@ impl ChunkServer {
         Response::Done
     }
 
-    async fn read(&self, chunk: ChunkId, offset: u64, length: u32, min_version: u64) -> Response {
+    /// Reads the replica if its version lies in `versions`: at least the last one
+    /// the reader knows committed, and no change past the last one it may see (taken
+    /// before the read and checked again after it, so no change lands unseen).
+    async fn read(
+        &self,
+        chunk: ChunkId,
+        offset: u64,
+        length: u32,
+        versions: std::ops::RangeInclusive<u64>,
+    ) -> Response {
         // A replica being rewritten holds less than its version says until the repair
         // ends (a whole copy punches it first).
-        let repairing = self
-            .existing(chunk)
-            .is_some_and(|slot| slot.replica.lock().unwrap().frozen == Some(repair::REPAIRING));
-        if repairing {
+        let slot = self.existing(chunk);
+        let (frozen, submitted) = slot.as_ref().map_or((None, 0), |slot| {
+            let replica = slot.replica.lock().unwrap();
+            (replica.frozen, replica.submitted)
+        });
+        if frozen == Some(repair::REPAIRING) {
             return Response::error(
                 Status::Behind,
                 format!("replica is {}: read another", repair::REPAIRING),
             );
         }
         let durable = self.state(chunk).version;
-        if durable < min_version {
+        if durable < *versions.start() {
             return Response::error(
                 Status::Behind,
-                format!("replica holds version {durable:#x}, the read needs {min_version:#x}"),
+                format!(
+                    "replica holds version {durable:#x}, the read needs {:#x}",
+                    versions.start()
+                ),
             );
         }
-        match self.store.read(chunk, offset, length).await {
-            Ok(data) => Response::Data(data),
-            Err(e) => store_error(e),
+        let past = |submitted: u64| {
+            Response::error(
+                Status::Ahead,
+                format!(
+                    "replica took version {submitted:#x}, past the {:#x} the read may see",
+                    versions.end()
+                ),
+            )
+        };
+        if submitted.max(durable) > *versions.end() {
+            return past(submitted.max(durable));
         }
+        let data = match self.store.read(chunk, offset, length).await {
+            Ok(data) => data,
+            Err(e) => return store_error(e),
+        };
+        let after = self
+            .existing(chunk)
+            .map_or(0, |slot| slot.replica.lock().unwrap().submitted);
+        if after > *versions.end() {
+            return past(after);
+        }
+        Response::Data(data)
     }
 
     /// The replica's state once every change handed to the store is durable.
@@ -808,7 +841,11 @@ impl Handler for ChunkServer {
                 offset,
                 length,
                 min_version,
-            } => self.read(chunk, offset, length, min_version).await,
+                max_version,
+            } => {
+                self.read(chunk, offset, length, min_version..=max_version)
+                    .await
+            }
             Request::Replica(control) => match self.control(control).await {
                 Ok(reply) => Response::Replica(reply),
                 Err((status, message)) => Response::error(status, message),
@@ -989,6 +1026,7 @@ mod tests {
                 offset: 8192,
                 length: 4096,
                 min_version: 0,
+                max_version: u64::MAX,
             };
             let data = match replica.clone().handle(read).await {
                 Response::Data(data) => data,
@@ -1026,6 +1064,7 @@ mod tests {
             offset: 0,
             length: 4096,
             min_version: 0,
+            max_version: u64::MAX,
         };
         assert_eq!(status(&server.clone().handle(read()).await), None);
         server.slot(CHUNK).replica.lock().unwrap().frozen = Some(repair::REPAIRING);
@@ -1050,6 +1089,7 @@ mod tests {
                     offset: 0,
                     length: 4096,
                     min_version: 0,
+                    max_version: u64::MAX,
                 },
                 Request::Replica(ReplicaRequest::ChunkInfo {
                     chunk,

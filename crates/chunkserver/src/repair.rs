@@ -118,8 +118,7 @@ impl Pull<'_> {
 
     /// Copies `ranges` of the source's replica into local chunk `into` (the replica or
     /// its staging chunk), stamped `meta`. Ranges with small gaps between them are
-    /// copied as one: fewer, larger reads, and the source's data in a gap is as new as
-    /// anything the replica holds there.
+    /// read as one (fewer, larger reads); only the ranges are written.
     async fn copy(
         &mut self,
         into: ChunkId,
@@ -142,6 +141,7 @@ impl Pull<'_> {
                 ))?;
             aligned.push((start, end - start));
         }
+        let held = aligned.clone();
         for (offset, length) in merge(&mut aligned, GAP_BYTES) {
             let end = offset + length;
             assert!(end <= CHUNK_BYTES_MAX, "merged ranges end past the chunk");
@@ -153,17 +153,24 @@ impl Pull<'_> {
                     offset: at,
                     length: n as u32,
                     min_version: 0,
+                    max_version: u64::MAX,
                 };
                 let data: Bytes = match self.server.peers.call(self.source, read).await {
                     Ok(Response::Data(data)) if data.len() as u64 == n => data,
                     Ok(other) => return Err((Status::Io, format!("source answered {other:?}"))),
                     Err(e) => return Err(failed(e)),
                 };
-                self.server
-                    .store
-                    .write(into, at, data, meta)
-                    .await
-                    .map_err(io)?;
+                // Only what the source holds: a gap read as zeroes stays a hole, so
+                // the copy's extents are the source's (snapshot deltas and clones
+                // take a chunk's extents for the blocks it holds).
+                for (from, to) in within(&held, at, at + n) {
+                    let piece = data.slice((from - at) as usize..(to - at) as usize);
+                    self.server
+                        .store
+                        .write(into, from, piece, meta)
+                        .await
+                        .map_err(io)?;
+                }
                 at += n;
                 copied += n;
                 self.throttle.account(n).await;
@@ -319,6 +326,17 @@ enum Outcome {
     Unsettled(u64),
     /// The source settled below the replica's version: the replica is as it was.
     Behind(u64, u64),
+}
+
+/// The parts of `ranges` (offset, length) inside `start..end`, as (from, to).
+fn within(ranges: &[(u64, u64)], start: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|&(offset, length)| (offset.max(start), (offset + length).min(end)))
+        .filter(|(from, to)| from < to)
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 /// The source's answer to LogSince or Extents.

@@ -159,10 +159,28 @@ pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
         v.spec.stripe_count,
         size::format(v.spec.stripe_unit_bytes)
     );
+    let (live, deltas): (Vec<_>, Vec<_>) = map
+        .chunks
+        .iter()
+        .partition(|c| floe_protocol::snapshot::split_index(c.index).0 == 0);
     println!(
         "allocated:     {} of {} chunks",
-        map.chunks.len(),
+        live.len(),
         v.spec.chunk_count()
+    );
+    if let Some(parent) = &v.parent {
+        println!("clone of:      {}@{}", parent.volume, parent.snapshot);
+    }
+    let names: Vec<&str> = v.snapshots.iter().map(|s| s.name.as_str()).collect();
+    println!(
+        "snapshots:     {} ({} delta chunks){}",
+        names.len(),
+        deltas.len(),
+        if names.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", names.join(", "))
+        }
     );
     // The placement group (what `floe pg remap` takes) from the map new chunks use;
     // a chunk's group never changes (it depends on its creation layer only).

@@ -5,6 +5,7 @@ mod cluster;
 mod demo;
 mod placement;
 mod size;
+mod snapshot;
 
 use clap::{Parser, Subcommand};
 use floe_client::master::MasterClient;
@@ -124,6 +125,9 @@ enum Command {
     Status,
     /// Compare the replicas of every chunk of a volume and repair differences.
     Scrub { name: String },
+    /// Snapshots: VOLUME@SNAPSHOT, exported read-only under that name.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
     /// Offline placement tools: crushtool-compatible mapping, MAPX simulations.
     #[command(subcommand)]
     Placement(placement::PlacementCommand),
@@ -227,6 +231,26 @@ enum VolumeCommand {
         name: String,
         #[command(flatten)]
         qos: QosArgs,
+    },
+    /// A new volume NAME, writable at once, that reads the snapshot VOLUME@SNAPSHOT
+    /// wherever it has not been written (nothing is copied up front).
+    Clone {
+        source: String,
+        name: String,
+    },
+    /// Write the volume back to its snapshot VOLUME@SNAPSHOT (only what changed since;
+    /// newer snapshots are kept). Refused while a gateway has the volume open.
+    Rollback {
+        target: String,
+    },
+    /// The ranges that changed from snapshot VOLUME@SNAPSHOT to a later one, or to
+    /// the volume now (4 KiB blocks; a chunk allocated since counts whole).
+    Diff {
+        since: String,
+        until: Option<String>,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -478,9 +502,15 @@ async fn execute(cli: Cli) -> Result<(), String> {
             VolumeCommand::SetQos { name, qos } => {
                 admin::set_qos(&master, &name, qos.iops, qos.bandwidth).await
             }
+            VolumeCommand::Clone { source, name } => snapshot::clone(&master, &source, &name).await,
+            VolumeCommand::Rollback { target } => snapshot::rollback(&cli.master, &target).await,
+            VolumeCommand::Diff { since, until, json } => {
+                snapshot::diff(&cli.master, &since, until.as_deref(), json).await
+            }
         },
         Command::Status => admin::status(&master).await,
         Command::Scrub { name } => admin::scrub(&master, &name).await,
+        Command::Snapshot(command) => snapshot::run(&master, command).await,
         Command::Placement(command) => placement::run(command),
         Command::Cluster(command) => cluster::cluster(&master, command).await,
         Command::Pg(command) => cluster::pg(&master, command).await,

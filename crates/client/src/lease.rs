@@ -12,7 +12,7 @@
 use crate::master::MasterClient;
 use floe_blockdev::IoError;
 use floe_protocol::connection::CallError;
-use floe_protocol::{MasterRequest, MasterResponse, Status, VolumeLimits};
+use floe_protocol::{MasterRequest, MasterResponse, SnapshotEpochs, Status, VolumeLimits};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,6 +37,8 @@ pub struct Lease {
     lost: Arc<Mutex<Option<String>>>,
     /// The volume's rate limits as of the last grant or renewal.
     limits: watch::Receiver<VolumeLimits>,
+    /// The volume's snapshot epochs as of the last grant or renewal.
+    snapshots: watch::Receiver<SnapshotEpochs>,
     renewer: tokio::task::JoinHandle<()>,
     /// A change ended unsettled (failed or cancelled after it was sent): it may have
     /// left replicas unequal, so the lease is not released at close.
@@ -85,6 +87,7 @@ impl Lease {
             generation,
             term_ms,
             limits,
+            snapshots,
         } = reply
         else {
             return Err(CallError::BadReply {
@@ -96,6 +99,7 @@ impl Lease {
         let valid_until = Arc::new(Mutex::new(sent + valid_for));
         let lost = Arc::new(Mutex::new(None));
         let (limits_sender, limits) = watch::channel(limits);
+        let (snapshots_sender, snapshots) = watch::channel(snapshots);
         let renewer = tokio::spawn(renew(
             Renewal {
                 master: master.clone(),
@@ -107,6 +111,7 @@ impl Lease {
                 lost: lost.clone(),
             },
             limits_sender,
+            snapshots_sender,
         ));
         tracing::info!(volume, generation, limits = ?*limits.borrow(), "lease acquired");
         Ok(Lease {
@@ -116,6 +121,7 @@ impl Lease {
             valid_until,
             lost,
             limits,
+            snapshots,
             renewer,
             unsettled: AtomicBool::new(false),
         })
@@ -157,6 +163,19 @@ impl Lease {
     /// The volume's rate limits, updated at each renewal.
     pub fn limits(&self) -> watch::Receiver<VolumeLimits> {
         self.limits.clone()
+    }
+
+    /// The volume's snapshot epochs, updated at each renewal.
+    pub fn snapshots(&self) -> watch::Receiver<SnapshotEpochs> {
+        self.snapshots.clone()
+    }
+
+    pub fn volume(&self) -> &str {
+        &self.volume
+    }
+
+    pub fn master(&self) -> &Arc<MasterClient> {
+        &self.master
     }
 
     /// Fails once the lease is known lost, and while it may have run out (until a
@@ -221,7 +240,11 @@ struct Renewal {
     lost: Arc<Mutex<Option<String>>>,
 }
 
-async fn renew(renewal: Renewal, limits: watch::Sender<VolumeLimits>) {
+async fn renew(
+    renewal: Renewal,
+    limits: watch::Sender<VolumeLimits>,
+    snapshots: watch::Sender<SnapshotEpochs>,
+) {
     let Renewal {
         master,
         name,
@@ -244,7 +267,12 @@ async fn renew(renewal: Renewal, limits: watch::Sender<VolumeLimits>) {
         // Bounded by the renewal period, so a master that stops answering is asked
         // again on schedule.
         match master.call_within(request, every).await {
-            Ok(MasterResponse::Lease { limits: new, .. }) => {
+            Ok(MasterResponse::Lease {
+                limits: new,
+                snapshots: epochs,
+                ..
+            }) => {
+                snapshots.send_if_modified(|current| std::mem::replace(current, epochs) != epochs);
                 {
                     let mut until = valid_until.lock().unwrap();
                     *until = (*until).max(sent + valid_for);
@@ -337,6 +365,7 @@ mod tests {
                     generation: 1,
                     term_ms: TERM.as_millis() as u64,
                     limits: VolumeLimits::default(),
+                    snapshots: SnapshotEpochs::default(),
                 }))
             })
         }

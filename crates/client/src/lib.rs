@@ -11,11 +11,14 @@
 //! - [`flush_epoch`]: Blizzard's flush-epoch write mode, over all of it.
 //! - [`log_commit`]: Blizzard's log-commit write mode, over all of it: a log with
 //!   checkpoints and roll-forward in the volume's chunks.
+//! - [`snapshot`]: snapshots: the writer's copy-on-write into delta chunks, and a
+//!   snapshot's read-only chunk layer.
 //! - [`draining`]: counts the layers (flush-epoch, log-commit) still retiring
 //!   acknowledged writes after they were dropped.
 //!
 //! [`open_volume`] composes them for a volume name: [flush-epoch | log-commit ->] qos
-//! -> stripe -> replicated.
+//! -> stripe -> [preserve ->] replicated; [`open_snapshot`] a snapshot's: stripe ->
+//! snapshot reader -> replicated.
 pub mod draining;
 pub mod flush_epoch;
 pub mod lease;
@@ -23,6 +26,7 @@ pub mod log_commit;
 pub mod master;
 pub mod qos;
 pub mod replicated;
+pub mod snapshot;
 pub mod stripe;
 
 use floe_blockdev::BlockDevice;
@@ -83,9 +87,35 @@ pub async fn open_volume(
     // A log-commit volume's chunks hold its log: more than its size.
     let backing = map.volume.spec.backing_bytes();
     let write_mode = map.volume.spec.write_mode;
+    // A writer preserves what snapshots need (a log-commit volume has none).
+    let preserve = match &lease {
+        Some(lease) if write_mode != WriteMode::LogCommit => {
+            let confirm = snapshot::preserve::Confirm {
+                master: master.clone(),
+                volume: name.to_string(),
+                generation: lease.generation(),
+            };
+            Some((confirm, lease.snapshots()))
+        }
+        _ => None,
+    };
+    let parent = match &map.volume.parent {
+        Some(parent) => Some(snapshot_chunks(master.clone(), parent).await?),
+        None => None,
+    };
     let chunks = replicated::ReplicatedChunks::new(master, map, lease);
-    let striped = stripe::Striped::new(layout, backing, chunks);
-    let device: Arc<dyn BlockDevice> = Arc::new(qos::Qos::new(striped, limits));
+    let device = match (parent, preserve) {
+        // Snapshots of clones are refused: a clone only reads through.
+        (Some(parent), _) => {
+            let clone = snapshot::read_through::ReadThrough::new(chunks, parent, writable);
+            stack(layout, backing, clone, limits)
+        }
+        (None, Some((confirm, epochs))) => {
+            let preserving = snapshot::Preserving::new(chunks, epochs, confirm);
+            stack(layout, backing, preserving, limits)
+        }
+        (None, None) => stack(layout, backing, chunks, limits),
+    };
     Ok(match write_mode {
         // The replicated layer writes unsynced and syncs at FLUSH.
         WriteMode::WriteThrough | WriteMode::WriteBack => device,
@@ -96,4 +126,67 @@ pub async fn open_volume(
                 .map_err(|e| format!("cannot open the log of volume {name}: {e}"))?,
         ),
     })
+}
+
+/// Rate limits over striping over `chunks`.
+fn stack<C: stripe::ChunkIo>(
+    layout: stripe::Layout,
+    size: u64,
+    chunks: C,
+    limits: tokio::sync::watch::Receiver<VolumeLimits>,
+) -> Arc<dyn BlockDevice> {
+    Arc::new(qos::Qos::new(
+        stripe::Striped::new(layout, size, chunks),
+        limits,
+    ))
+}
+
+/// Opens snapshot `snapshot` of volume `name` read-only (a `VOLUME@SNAPSHOT` export),
+/// at the volume's size when it was taken, under the operator's rate limits as of
+/// now.
+pub async fn open_snapshot(
+    master: Arc<master::MasterClient>,
+    name: &str,
+    snapshot: &str,
+) -> Result<Arc<dyn BlockDevice>, String> {
+    floe_protocol::snapshot::check_snapshot_name(snapshot)?;
+    let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
+    let Some(taken) = map
+        .volume
+        .snapshots
+        .iter()
+        .find(|s| s.name == snapshot)
+        .cloned()
+    else {
+        return Err(format!("volume {name} has no snapshot {snapshot:?}"));
+    };
+    if !taken.ready {
+        return Err(format!(
+            "snapshot {name}@{snapshot} is not taken yet: the gateway writing the volume \
+             has not switched to it"
+        ));
+    }
+    let layout = stripe::Layout::of(&map.volume.spec);
+    let qos = map.volume.qos;
+    let limits = tokio::sync::watch::channel(VolumeLimits {
+        all: qos,
+        writes: qos,
+    })
+    .1;
+    let chunks = replicated::ReplicatedChunks::new(master, map, None);
+    let reader = snapshot::SnapshotChunks::new(chunks, taken.epoch);
+    Ok(stack(layout, taken.size_bytes, reader, limits))
+}
+
+/// The chunks of a clone's parent snapshot.
+async fn snapshot_chunks(
+    master: Arc<master::MasterClient>,
+    parent: &floe_protocol::snapshot::Parent,
+) -> Result<snapshot::SnapshotChunks, String> {
+    let map = master
+        .volume_map(&parent.volume)
+        .await
+        .map_err(|e| format!("the parent of a clone, {}: {e}", parent.volume))?;
+    let chunks = replicated::ReplicatedChunks::new(master, map, None);
+    Ok(snapshot::SnapshotChunks::new(chunks, parent.epoch))
 }

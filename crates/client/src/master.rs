@@ -116,7 +116,7 @@ impl MasterClient {
             .call(MasterRequest::GetVolumeMap { name: name.into() })
             .await?
         {
-            MasterResponse::VolumeMap(map) => Ok(map),
+            MasterResponse::VolumeMap(map) => Ok(*map),
             other => Err(self.unexpected(other)),
         }
     }

@@ -33,12 +33,14 @@ use bytes::{Bytes, BytesMut};
 use floe_blockdev::IoError;
 use floe_placement::cluster::Placer;
 use floe_protocol::connection::CallError;
+use floe_protocol::snapshot::split_index;
 use floe_protocol::{
     next_version, ChunkId, ChunkPlacement, ClusterMap, ConnectionPool, MasterRequest,
     MasterResponse, Proposal, ReplicaRequest, ReplicaResponse, Request, Response, ServerId,
     ServerInfo, Stamp, Status, VolumeMap, VolumeSpec,
 };
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -109,6 +111,8 @@ pub struct ReplicatedChunks {
     pool: ConnectionPool,
     /// Chunks written unsynced since the last FLUSH (write-back).
     unflushed: Unflushed,
+    /// The snapshot epoch of this writer's writes (see [`crate::snapshot`]).
+    epoch: AtomicU32,
 }
 
 fn io_error(e: CallError) -> IoError {
@@ -197,6 +201,7 @@ impl ReplicatedChunks {
             short_per_master: Mutex::default(),
             refreshed_at: Mutex::default(),
             unflushed: Unflushed::new(map.volume.spec.write_mode),
+            epoch: AtomicU32::new(map.volume.snapshot_epoch),
         };
         chunks.absorb_map(map);
         chunks
@@ -339,6 +344,7 @@ impl ReplicatedChunks {
                 volume_id: self.volume_id,
                 index,
                 proposal: proposal.clone(),
+                epoch: self.epoch.load(Ordering::Relaxed),
             })
             .await
             .map_err(io_error)?;
@@ -440,8 +446,160 @@ impl ReplicatedChunks {
         }
     }
 
+    /// Reads a good replica holding at least the last committed version and no
+    /// change past `max_version`; `None` when one had taken a later change (a
+    /// snapshot's reader then learns what that change preserved).
+    pub async fn read_within(
+        &self,
+        index: u64,
+        offset: u64,
+        length: u32,
+        max_version: u64,
+    ) -> Result<Option<Bytes>, IoError> {
+        if self.replicas(index).is_none() {
+            return Ok(Some(BytesMut::zeroed(length as usize).freeze()));
+        }
+        self.learn_version(index).await?;
+        let chunk = self.chunk_id(index);
+        let deadline = Instant::now() + REQUEST_DEADLINE;
+        loop {
+            let good = self.replicas(index).expect("allocated").good;
+            let min_version = self.chunks.lock().unwrap()[&index].committed;
+            let mut last_error = None;
+            // Replicas whose copy of the range fails its checksums: the read goes on
+            // to the next; their servers report the blocks, and the master heals them.
+            let mut corrupt = 0;
+            for (id, address) in &good {
+                let request = Request::Read {
+                    chunk,
+                    offset,
+                    length,
+                    min_version,
+                    max_version,
+                };
+                let reply = self
+                    .pool
+                    .call_within(address, request, REPLICA_TIMEOUT)
+                    .await;
+                match reply {
+                    Ok(Response::Data(data)) if data.len() == length as usize => {
+                        return Ok(Some(data))
+                    }
+                    Err(CallError::Remote {
+                        status: Status::Ahead,
+                        ..
+                    }) => return Ok(None),
+                    Ok(other) => {
+                        last_error = Some(IoError::Io(format!(
+                            "{address} answered a read with {other:?}"
+                        )))
+                    }
+                    Err(CallError::Remote {
+                        status: Status::Corrupt,
+                        message,
+                    }) => {
+                        tracing::warn!(
+                            chunk = index,
+                            address,
+                            "{message}; reading another replica"
+                        );
+                        corrupt += 1;
+                        last_error = Some(IoError::Io(message));
+                    }
+                    Err(e) => {
+                        if is_transport(&e) {
+                            self.suspects.lock().unwrap().insert(*id, Instant::now());
+                        }
+                        last_error = Some(io_error(e));
+                    }
+                }
+            }
+            if corrupt > 0 && corrupt == good.len() {
+                // No good copy anywhere: waiting would not bring one back.
+                return Err(IoError::Io(format!(
+                    "chunk {index}: every replica's copy of {offset}+{length} fails its \
+                     checksums (see `floe scrub`): {}",
+                    last_error.map_or_else(String::new, |e| e.to_string())
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(last_error
+                    .unwrap_or_else(|| IoError::Io(format!("chunk {index}: no good replica"))));
+            }
+            tracing::warn!(
+                chunk = index,
+                "no replica served a read, retrying: {last_error:?}"
+            );
+            tokio::time::sleep(RETRY_PAUSE).await;
+            self.refresh().await;
+        }
+    }
+
+    /// The snapshot epoch this writer stamps (recorded with the chunks it allocates).
+    pub fn set_epoch(&self, epoch: u32) {
+        self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// The snapshot epoch the chunk was allocated in; `None` if it is not.
+    pub fn born(&self, index: u64) -> Option<u32> {
+        let chunks = self.chunks.lock().unwrap();
+        chunks.get(&index).map(|c| c.placement.born)
+    }
+
+    /// The epochs, from `from` up and in order, whose delta of live chunk `index` is
+    /// allocated (see [`crate::snapshot`]).
+    pub fn delta_epochs(&self, index: u64, from: u32) -> Vec<u32> {
+        let chunks = self.chunks.lock().unwrap();
+        let mut epochs: Vec<u32> = chunks
+            .keys()
+            .map(|k| split_index(*k))
+            .filter(|(epoch, live)| *live == index && *epoch >= from.max(1))
+            .map(|(epoch, _)| epoch)
+            .collect();
+        epochs.sort_unstable();
+        epochs
+    }
+
+    /// The chunk's version now: the highest a majority of its good replicas holds.
+    pub async fn current_version(&self, index: u64) -> Result<u64, IoError> {
+        if let Some(chunk) = self.chunks.lock().unwrap().get_mut(&index) {
+            chunk.last = None;
+        }
+        self.learn_version(index).await?;
+        let chunks = self.chunks.lock().unwrap();
+        Ok(chunks.get(&index).map_or(0, |c| c.committed))
+    }
+
+    /// The ranges of the chunk that hold data, from a good replica holding every
+    /// committed change; none if the chunk is not allocated.
+    pub async fn extents(&self, index: u64) -> Result<Vec<(u64, u64)>, IoError> {
+        let Some(Replicas { good, .. }) = self.replicas(index) else {
+            return Ok(Vec::new());
+        };
+        self.learn_version(index).await?;
+        let committed = self.chunks.lock().unwrap()[&index].committed;
+        let request = Request::Replica(ReplicaRequest::Extents {
+            chunk: self.chunk_id(index),
+        });
+        let mut last_error = format!("chunk {index}: no good replica");
+        for (_, address) in &good {
+            match self
+                .pool
+                .call_within(address, request.clone(), REPLICA_TIMEOUT)
+                .await
+            {
+                Ok(Response::Replica(ReplicaResponse::Ranges {
+                    version, ranges, ..
+                })) if version >= committed => return Ok(ranges),
+                Ok(other) => last_error = format!("{address} answered extents with {other:?}"),
+                Err(e) => last_error = format!("{address}: {e}"),
+            }
+        }
+        Err(IoError::Io(last_error))
+    }
+
     /// Re-reads the volume map from the master.
-    async fn refresh(&self) {
+    pub async fn refresh(&self) {
         *self.refreshed_at.lock().unwrap() = Some(Instant::now());
         match self.master.volume_map(&self.volume_name).await {
             Ok(map) => self.absorb_map(map),
@@ -751,76 +909,8 @@ impl ReplicatedChunks {
 #[async_trait]
 impl ChunkIo for ReplicatedChunks {
     async fn read(&self, index: u64, offset: u64, length: u32) -> Result<Bytes, IoError> {
-        if self.replicas(index).is_none() {
-            return Ok(BytesMut::zeroed(length as usize).freeze());
-        }
-        self.learn_version(index).await?;
-        let chunk = self.chunk_id(index);
-        let deadline = Instant::now() + REQUEST_DEADLINE;
-        loop {
-            let good = self.replicas(index).expect("allocated").good;
-            let min_version = self.chunks.lock().unwrap()[&index].committed;
-            let mut last_error = None;
-            // Replicas whose copy of the range fails its checksums: the read goes on
-            // to the next; their servers report the blocks, and the master heals them.
-            let mut corrupt = 0;
-            for (id, address) in &good {
-                let request = Request::Read {
-                    chunk,
-                    offset,
-                    length,
-                    min_version,
-                };
-                let reply = self
-                    .pool
-                    .call_within(address, request, REPLICA_TIMEOUT)
-                    .await;
-                match reply {
-                    Ok(Response::Data(data)) if data.len() == length as usize => return Ok(data),
-                    Ok(other) => {
-                        last_error = Some(IoError::Io(format!(
-                            "{address} answered a read with {other:?}"
-                        )))
-                    }
-                    Err(CallError::Remote {
-                        status: Status::Corrupt,
-                        message,
-                    }) => {
-                        tracing::warn!(
-                            chunk = index,
-                            address,
-                            "{message}; reading another replica"
-                        );
-                        corrupt += 1;
-                        last_error = Some(IoError::Io(message));
-                    }
-                    Err(e) => {
-                        if is_transport(&e) {
-                            self.suspects.lock().unwrap().insert(*id, Instant::now());
-                        }
-                        last_error = Some(io_error(e));
-                    }
-                }
-            }
-            if corrupt > 0 && corrupt == good.len() {
-                // No good copy anywhere: waiting would not bring one back.
-                return Err(IoError::Io(format!(
-                    "chunk {index}: every replica's copy of {offset}+{length} fails its \
-                     checksums (see `floe scrub`): {}",
-                    last_error.map_or_else(String::new, |e| e.to_string())
-                )));
-            }
-            if Instant::now() > deadline {
-                return Err(last_error
-                    .unwrap_or_else(|| IoError::Io(format!("chunk {index}: no good replica"))));
-            }
-            tracing::warn!(
-                chunk = index,
-                "no replica served a read, retrying: {last_error:?}"
-            );
-            tokio::time::sleep(RETRY_PAUSE).await;
-            self.refresh().await;
-        }
+        let data = self.read_within(index, offset, length, u64::MAX).await?;
+        Ok(data.expect("no version is past u64::MAX"))
     }
 
     async fn write(&self, index: u64, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {

@@ -29,13 +29,49 @@ impl Exports for VolumeExports {
             .list_volumes()
             .await
             .map_err(|e| e.to_string())?;
-        Ok(volumes.into_iter().map(|v| v.spec.name).collect())
+        // Snapshots are exports of their own: VOLUME@SNAPSHOT, read-only.
+        Ok(volumes
+            .into_iter()
+            .flat_map(|v| {
+                let snapshots = v
+                    .snapshots
+                    .iter()
+                    .map(|s| format!("{}@{}", v.spec.name, s.name));
+                std::iter::once(v.spec.name.clone()).chain(snapshots.collect::<Vec<_>>())
+            })
+            .collect())
+    }
+
+    /// `floe:changed-since:SNAPSHOT`: what changed since the volume's snapshot, up to
+    /// now (or, on a `VOLUME@LATER` export, up to that snapshot).
+    async fn meta_context(&self, export: &str, context: &str) -> Option<Vec<(u64, u64)>> {
+        let since = context.strip_prefix(CHANGED_SINCE)?;
+        let (volume, until) = match floe_protocol::snapshot::split_snapshot(export) {
+            Some((volume, until)) => (volume, Some(until)),
+            None => (export, None),
+        };
+        let changed =
+            floe_client::snapshot::diff::changed(self.master.clone(), volume, since, until);
+        match changed.await {
+            Ok(ranges) => Some(ranges),
+            Err(e) => {
+                tracing::warn!(export, context, "meta context refused: {e}");
+                None
+            }
+        }
     }
 
     async fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
         // Held across the master call so two connections opening at once share a stack.
         let mut open = self.open.lock().await;
         if let Some(device) = open.get(name).and_then(Weak::upgrade) {
+            return Ok(device);
+        }
+        if let Some((volume, snapshot)) = floe_protocol::snapshot::split_snapshot(name) {
+            let device = floe_client::open_snapshot(self.master.clone(), volume, snapshot).await?;
+            open.retain(|_, d| d.strong_count() > 0);
+            open.insert(name.to_string(), Arc::downgrade(&device));
+            tracing::info!(volume, snapshot, "snapshot opened");
             return Ok(device);
         }
         let access = match &self.holder {
@@ -52,6 +88,10 @@ impl Exports for VolumeExports {
         Ok(device)
     }
 }
+
+/// The meta context naming what changed since a snapshot (like QEMU's
+/// `qemu:dirty-bitmap:NAME`): state 1 where the volume changed.
+const CHANGED_SINCE: &str = "floe:changed-since:";
 
 /// How a gateway serves its volumes.
 pub struct Options {

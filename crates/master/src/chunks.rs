@@ -5,6 +5,7 @@
 use crate::state::chunk_op;
 use crate::Master;
 use crate::Reply;
+use floe_protocol::snapshot::split_index;
 use floe_protocol::{ChunkPlacement, MasterResponse, Proposal, ServerId, Status};
 
 impl Master {
@@ -13,6 +14,7 @@ impl Master {
         volume_id: u64,
         index: u64,
         proposal: Option<Proposal>,
+        epoch: u32,
     ) -> Reply {
         // The first chunk of a cluster puts every registered server into the map.
         if self.state().map.map.epoch == 0 {
@@ -27,11 +29,22 @@ impl Master {
                             format!("volume id {volume_id} does not exist"),
                         ));
                     };
-                    if index >= volume.spec.chunk_count() {
+                    let (delta_of, live) = split_index(index);
+                    if live >= volume.spec.chunk_count() {
                         return Err((
                             Status::BadRequest,
                             format!(
-                                "chunk {index} is past the end of volume {}",
+                                "chunk {live} is past the end of volume {}",
+                                volume.spec.name
+                            ),
+                        ));
+                    }
+                    if delta_of.max(epoch) > volume.snapshot_epoch {
+                        return Err((
+                            Status::BadRequest,
+                            format!(
+                                "snapshot epoch {} of volume {} was never handed out",
+                                delta_of.max(epoch),
                                 volume.spec.name
                             ),
                         ));
@@ -50,6 +63,7 @@ impl Master {
                         view: 0,
                         stale: Vec::new(),
                         layer,
+                        born: epoch,
                     };
                     placement.replicas = state.desired(volume_id, &placement)?;
                     // A writer on the same epoch computes the same; one that differs

@@ -41,6 +41,7 @@ fn granted(volume: &Volume, generation: u32, state: &State) -> Reply {
         generation,
         term_ms: LEASE_TERM.as_millis() as u64,
         limits: state.limits(volume).0,
+        snapshots: State::snapshot_epochs(volume),
     })
 }
 

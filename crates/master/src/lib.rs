@@ -8,6 +8,7 @@
 //! - [`volumes`]: create, list, map, resize, delete; [`qos`]: rate limits.
 //! - [`chunks`]: allocation on first write, laggard reports.
 //! - [`lease`]: the single-writer lease of a volume.
+//! - [`snapshots`]: snapshot epochs, and freeing the delta chunks none reads.
 //! - [`map`]: the cluster map (expand, remap, shrink, merge).
 //! - [`status`]: `floe status`.
 //! - [`recovery`]: view changes that repair and move chunks, and scrub.
@@ -23,6 +24,7 @@ mod map;
 mod membership;
 pub mod qos;
 pub mod recovery;
+mod snapshots;
 mod state;
 mod status;
 mod volumes;
@@ -38,6 +40,7 @@ use floe_protocol::{
 };
 use state::{store_failed, State};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 /// How the master places chunks and how hard it may work at moving them.
@@ -82,9 +85,16 @@ pub struct Master {
     moves: recovery::Progress,
     /// Blocks found failing their checksums, and the background scrub.
     integrity: recovery::Integrity,
+    /// A writer switched to a new snapshot epoch.
+    snapshot_confirmed: tokio::sync::Notify,
+    /// A snapshot was created or deleted.
+    snapshots_changed: tokio::sync::Notify,
 }
 
 pub(crate) type Failure = (Status, String);
+
+/// The longest a long-poll waits: below a client's deadline for a master call.
+const WATCH_WAIT_MAX: Duration = Duration::from_secs(3);
 pub(crate) type Reply = Result<MasterResponse, Failure>;
 
 impl Master {
@@ -105,6 +115,8 @@ impl Master {
             recovery: recovery::Progress::new(settings.recovery),
             moves: recovery::Progress::new(settings.moves),
             integrity: recovery::Integrity::new(settings.scrub),
+            snapshot_confirmed: tokio::sync::Notify::new(),
+            snapshots_changed: tokio::sync::Notify::new(),
         };
         // Chunks allocated before the cluster map existed belong to its first layer.
         if has_chunks {
@@ -179,7 +191,8 @@ impl Master {
                 volume_id,
                 index,
                 proposal,
-            } => self.allocate_chunk(volume_id, index, proposal).await,
+                epoch,
+            } => self.allocate_chunk(volume_id, index, proposal, epoch).await,
             R::ReportLaggard {
                 volume_id,
                 index,
@@ -198,6 +211,28 @@ impl Master {
             | R::ShrinkLayer { .. }
             | R::MergeLayers { .. }) => self.map_request(request).await,
             R::Status => self.status(),
+            R::CreateSnapshot { name, snapshot } => self.create_snapshot(&name, &snapshot).await,
+            R::DeleteSnapshot { name, snapshot } => self.delete_snapshot(&name, &snapshot).await,
+            R::CloneVolume {
+                name,
+                snapshot,
+                clone,
+            } => self.clone_volume(&name, &snapshot, &clone).await,
+            R::WatchSnapshotEpochs {
+                name,
+                generation,
+                known,
+                wait_ms,
+            } => {
+                let wait = Duration::from_millis(wait_ms).min(WATCH_WAIT_MAX);
+                self.watch_snapshot_epochs(&name, generation, known, wait)
+                    .await
+            }
+            R::ConfirmSnapshotEpoch {
+                name,
+                generation,
+                epoch,
+            } => self.confirm_snapshot_epoch(&name, generation, epoch).await,
             R::Scrub { name } => {
                 let report = recovery::scrub(self, &name).await?;
                 self.integrity.record(&report, &name);

@@ -38,6 +38,9 @@ pub(crate) struct State {
     /// generation: their replicas are compared (see `recovery::audit`).
     pub(crate) audits: BTreeMap<u64, u32>,
     pub(crate) deleted_volumes: Vec<u64>,
+    /// The snapshot epoch each volume's writer last confirmed; not stored (a master
+    /// that restarted frees no delta a live writer may still preserve into).
+    pub(crate) writer_epochs: HashMap<u64, u32>,
     pub(crate) last_server_id: u64,
     pub(crate) last_volume_id: u64,
     pub(crate) last_lease: u64,
@@ -66,7 +69,7 @@ pub(crate) fn volume_key(name: &str) -> String {
     format!("volume/{name}")
 }
 
-fn chunk_key(volume_id: u64, index: u64) -> String {
+pub(crate) fn chunk_key(volume_id: u64, index: u64) -> String {
     format!("chunk/{volume_id:016x}/{index:016x}")
 }
 
@@ -94,6 +97,7 @@ impl State {
             lease_in_flight: None,
             audits: BTreeMap::new(),
             deleted_volumes: Vec::new(),
+            writer_epochs: HashMap::new(),
             last_server_id: 0,
             last_volume_id: 0,
             last_lease: 0,
@@ -232,6 +236,14 @@ impl State {
             replicas.len(),
             "{chunk}: replicas {replicas:?} share a host"
         );
+    }
+
+    /// Forgets a chunk whose stored placement was deleted (a freed delta chunk).
+    pub(crate) fn remove_placement(&mut self, volume_id: u64, index: u64) {
+        if let Some(chunks) = self.chunks.get_mut(&volume_id) {
+            chunks.remove(&index);
+        }
+        self.placement_changes += 1;
     }
 
     /// Where an allocated chunk's replicas are.

@@ -4,10 +4,16 @@ use crate::lease::lease_key;
 use crate::state::{put, volume_key, State};
 use crate::{Failure, Master, Reply};
 use floe_metadata::Op;
+use floe_protocol::snapshot::Parent;
 use floe_protocol::{MasterResponse, Status, Volume, VolumeMap, VolumeSpec, WriteMode};
 
 impl Master {
     pub(crate) async fn create_volume(&self, spec: VolumeSpec) -> Reply {
+        self.create_volume_of(spec, None).await
+    }
+
+    /// A new volume; a clone names the snapshot it reads through to.
+    pub(crate) async fn create_volume_of(&self, spec: VolumeSpec, parent: Option<Parent>) -> Reply {
         spec.validate().map_err(|e| (Status::BadRequest, e))?;
         let volume = self
             .change(
@@ -34,6 +40,9 @@ impl Master {
                         spec,
                         chunks_allocated: 0,
                         qos: Default::default(),
+                        snapshot_epoch: 0,
+                        snapshots: Vec::new(),
+                        parent,
                     };
                     let ops = vec![
                         put("counter/volume".into(), &id),
@@ -69,19 +78,24 @@ impl Master {
     /// What a gateway opening the volume needs: its chunks, the servers and the map.
     pub(crate) fn volume_map(&self, name: &str) -> Reply {
         let state = self.state();
-        let volume = state.volume(name)?;
+        let mut volume = state.volume(name)?;
+        // A pending snapshot whose writer is gone no longer changes.
+        let writer_gone = state.live_lease(volume.id).is_none();
+        for snapshot in &mut volume.snapshots {
+            snapshot.ready |= writer_gone;
+        }
         let chunks = state
             .chunks
             .get(&volume.id)
             .into_iter()
             .flat_map(|c| c.values().cloned())
             .collect();
-        Ok(MasterResponse::VolumeMap(VolumeMap {
+        Ok(MasterResponse::VolumeMap(Box::new(VolumeMap {
             volume,
             chunks,
             servers: state.servers.values().cloned().collect(),
             cluster: state.map.map.clone(),
-        }))
+        })))
     }
 
     pub(crate) async fn resize_volume(&self, name: &str, size_bytes: u64) -> Reply {
@@ -141,6 +155,12 @@ impl Master {
         self.change(
             |state| {
                 let volume = state.volume(name)?;
+                if let Some(clone) = state.clone_of(name, None) {
+                    return Err((
+                        Status::Busy,
+                        format!("volume {name} has a clone, {clone}: delete or flatten it first"),
+                    ));
+                }
                 let ops = vec![
                     Op::Delete {
                         key: volume_key(name),

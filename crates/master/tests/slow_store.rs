@@ -144,6 +144,7 @@ fn allocate(volume_id: u64, index: u64) -> MasterRequest {
         volume_id,
         index,
         proposal: None,
+        epoch: 0,
     }
 }
 

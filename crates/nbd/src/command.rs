@@ -163,8 +163,8 @@ impl Command {
                 may_punch: flags & CMD_FLAG_NO_HOLE == 0,
             },
             _ => {
-                if !session.base_allocation {
-                    return reject(EINVAL, "base:allocation was not negotiated".into());
+                if !session.base_allocation && session.contexts.is_empty() {
+                    return reject(EINVAL, "no meta context was negotiated".into());
                 }
                 Command::BlockStatus {
                     offset,
@@ -204,19 +204,25 @@ impl Command {
                 offset,
                 length,
                 req_one,
-            } => match device.extents(offset, length as u64).await {
-                Ok(extents) => match descriptors(&extents, length, req_one) {
-                    Some(descriptors) => {
-                        return Reply::BlockStatus {
-                            handle,
-                            context_id: BASE_ALLOCATION_ID,
-                            descriptors,
-                        }
-                    }
-                    None => Err(IoError::Io("device described no extents".into())),
-                },
-                Err(e) => Err(e),
-            },
+            } => {
+                let mut contexts = Vec::new();
+                let allocation = match session.base_allocation {
+                    true => match device.extents(offset, length as u64).await {
+                        Ok(extents) => descriptors(&extents, length, req_one)
+                            .ok_or_else(|| IoError::Io("device described no extents".into()))
+                            .map(|d| contexts.push((BASE_ALLOCATION_ID, d))),
+                        Err(e) => Err(e),
+                    },
+                    false => Ok(()),
+                };
+                for (id, ranges) in &session.contexts {
+                    contexts.push((*id, range_descriptors(ranges, offset, length, req_one)));
+                }
+                match allocation {
+                    Ok(()) => return Reply::BlockStatus { handle, contexts },
+                    Err(e) => Err(e),
+                }
+            }
         };
         match result {
             Ok(()) => Reply::ok(handle),
@@ -230,6 +236,43 @@ impl Command {
             }
         }
     }
+}
+
+/// Descriptors of `offset..offset + length` for a context whose state is 1 in
+/// `ranges` (sorted, disjoint) and 0 elsewhere.
+fn range_descriptors(
+    ranges: &[(u64, u64)],
+    offset: u64,
+    length: u32,
+    req_one: bool,
+) -> Vec<(u32, u32)> {
+    let end = offset + length as u64;
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    let mut push = |len: u64, state: u32| match out.last_mut() {
+        Some(last) if last.1 == state => last.0 += len as u32,
+        _ => out.push((len as u32, state)),
+    };
+    let mut at = offset;
+    let first = ranges.partition_point(|(o, l)| o + l <= offset);
+    for &(o, l) in &ranges[first..] {
+        if o >= end {
+            break;
+        }
+        if o > at {
+            push(o - at, 0);
+        }
+        let stop = (o + l).min(end);
+        push(stop - at.max(o), 1);
+        at = stop;
+    }
+    if at < end {
+        push(end - at, 0);
+    }
+    if req_one {
+        out.truncate(1);
+    }
+    out.truncate(MAX_DESCRIPTORS);
+    out
 }
 
 /// base:allocation descriptors for `extents`, clamped to `length`, with neighbours of

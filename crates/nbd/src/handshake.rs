@@ -20,9 +20,15 @@ pub(crate) struct Session {
     pub(crate) name: String,
     pub(crate) device: Arc<dyn BlockDevice>,
     pub(crate) structured: bool,
-    /// base:allocation was selected for this export, so BLOCK_STATUS is allowed.
+    /// base:allocation was selected for this export.
     pub(crate) base_allocation: bool,
+    /// Other contexts selected for this export.
+    pub(crate) contexts: Vec<Context>,
 }
+
+/// A selected meta context other than base:allocation: its id, and the ranges
+/// (offset, length) where its state is 1.
+pub(crate) type Context = (u32, Arc<Vec<(u64, u64)>>);
 
 /// The transmission flags of every export. CAN_MULTI_CONN rests on the device
 /// contract: a write, trim or write_zeroes is durable once it returns, and connections
@@ -54,8 +60,10 @@ fn violation(message: String) -> io::Error {
 struct Haggle {
     no_zeroes: bool,
     structured: bool,
-    /// The export base:allocation was last selected for.
+    /// The export meta contexts were last selected for.
     meta_export: Option<String>,
+    base_allocation: bool,
+    contexts: Vec<Context>,
 }
 
 /// Greets the client and answers options until it picks an export (`Some`) or aborts
@@ -147,7 +155,7 @@ where
                 None
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                meta_context(&mut replies, option, &data, &mut state);
+                meta_context(&mut replies, option, &data, &mut state, exports).await;
                 None
             }
             _ => {
@@ -164,12 +172,17 @@ where
 
 impl Haggle {
     fn session(&self, name: String, device: Arc<dyn BlockDevice>) -> Session {
-        let base_allocation = self.meta_export.as_deref() == Some(name.as_str());
+        let selected = self.meta_export.as_deref() == Some(name.as_str());
         Session {
             name,
             device,
             structured: self.structured,
-            base_allocation,
+            base_allocation: selected && self.base_allocation,
+            contexts: if selected {
+                self.contexts.clone()
+            } else {
+                Vec::new()
+            },
         }
     }
 }
@@ -287,10 +300,17 @@ fn parse_meta_request(mut data: &[u8]) -> Option<(String, Vec<String>)> {
     data.is_empty().then_some((name, queries))
 }
 
-/// NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT. Only base:allocation exists
-/// and every export has it, so the export is not opened here; GO checks that the
-/// selection was made for the export it opens.
-fn meta_context(out: &mut BytesMut, option: u32, data: &[u8], state: &mut Haggle) {
+/// NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT: base:allocation, which every
+/// export has (so the export is not opened for it; GO checks that the selection was
+/// made for the export it opens), and the contexts `exports` offers for the export,
+/// each asked for by its full name.
+async fn meta_context(
+    out: &mut BytesMut,
+    option: u32,
+    data: &[u8],
+    state: &mut Haggle,
+    exports: &dyn Exports,
+) {
     if !state.structured {
         return error_reply(
             out,
@@ -310,21 +330,33 @@ fn meta_context(out: &mut BytesMut, option: u32, data: &[u8], state: &mut Haggle
     let set = option == OPT_SET_META_CONTEXT;
     // LIST with no queries lists everything, and "base:" is the whole namespace; SET
     // selects exactly what it names.
-    let selected = if set {
+    let base_allocation = if set {
         queries.iter().any(|q| q == BASE_ALLOCATION)
     } else {
         queries.is_empty() || queries.iter().any(|q| q == BASE_ALLOCATION || q == "base:")
     };
-    if selected {
-        let id = if set { BASE_ALLOCATION_ID } else { 0 };
-        let mut context = BytesMut::with_capacity(4 + BASE_ALLOCATION.len());
-        context.put_u32(id);
-        context.put_slice(BASE_ALLOCATION.as_bytes());
-        option_reply(out, option, REP_META_CONTEXT, &context);
+    let mut reply = |id: u32, context: &str| {
+        let mut body = BytesMut::with_capacity(4 + context.len());
+        body.put_u32(id);
+        body.put_slice(context.as_bytes());
+        option_reply(out, option, REP_META_CONTEXT, &body);
+    };
+    if base_allocation {
+        reply(if set { BASE_ALLOCATION_ID } else { 0 }, BASE_ALLOCATION);
+    }
+    let mut contexts = Vec::new();
+    for query in queries.iter().filter(|q| !q.starts_with("base:")) {
+        if let Some(ranges) = exports.meta_context(&name, query).await {
+            let id = BASE_ALLOCATION_ID + 1 + contexts.len() as u32;
+            reply(if set { id } else { 0 }, query);
+            contexts.push((id, Arc::new(ranges)));
+        }
     }
     if set {
         // SET replaces the previous selection, including with nothing.
-        state.meta_export = selected.then_some(name);
+        state.meta_export = Some(name);
+        state.base_allocation = base_allocation;
+        state.contexts = contexts;
     }
     option_reply(out, option, REP_ACK, &[]);
 }

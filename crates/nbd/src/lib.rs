@@ -4,7 +4,8 @@
 //! Modules:
 //! - `server`: the accept loop ([`serve`]), one task per client, graceful shutdown.
 //! - `handshake`: fixed newstyle greeting and option haggling (EXPORT_NAME, ABORT,
-//!   LIST, INFO, GO, STRUCTURED_REPLY, LIST/SET_META_CONTEXT for `base:allocation`).
+//!   LIST, INFO, GO, STRUCTURED_REPLY, LIST/SET_META_CONTEXT for `base:allocation`
+//!   and the contexts [`Exports::meta_context`] offers).
 //! - `transmission`: the request loop, with bounded requests and bytes in flight.
 //! - `command`: request header parsing, validation and execution on the device.
 //! - `reply`: simple and structured reply encoding into vectored-write segments.
@@ -34,4 +35,11 @@ pub trait Exports: Send + Sync + 'static {
     /// Opens an export by name; `Err` carries a one-line message sent to the client
     /// with NBD_REP_ERR_UNKNOWN.
     async fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String>;
+    /// A meta context of `export` besides `base:allocation` (e.g. the gateway's
+    /// `floe:changed-since:SNAPSHOT`): the ranges (offset, length) where its state is
+    /// 1, as of when the client selects it; `None` if there is no such context.
+    async fn meta_context(&self, export: &str, context: &str) -> Option<Vec<(u64, u64)>> {
+        let _ = (export, context);
+        None
+    }
 }

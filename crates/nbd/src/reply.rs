@@ -31,11 +31,11 @@ pub(crate) enum Reply {
         error: u32,
         message: String,
     },
-    /// One NBD_REPLY_TYPE_BLOCK_STATUS chunk of (length, flags) descriptors.
+    /// One NBD_REPLY_TYPE_BLOCK_STATUS chunk of (length, flags) descriptors per
+    /// selected meta context; the last ends the reply.
     BlockStatus {
         handle: u64,
-        context_id: u32,
-        descriptors: Vec<(u32, u32)>,
+        contexts: Vec<(u32, Vec<(u32, u32)>)>,
     },
 }
 
@@ -116,17 +116,17 @@ impl Reply {
                 out.tail.put_u16(message.len() as u16);
                 out.tail.put_slice(message.as_bytes());
             }
-            Reply::BlockStatus {
-                handle,
-                context_id,
-                descriptors,
-            } => {
-                let length = 4 + 8 * descriptors.len();
-                structured_header(out, REPLY_TYPE_BLOCK_STATUS, handle, length);
-                out.tail.put_u32(context_id);
-                for (length, flags) in descriptors {
-                    out.tail.put_u32(length);
-                    out.tail.put_u32(flags);
+            Reply::BlockStatus { handle, contexts } => {
+                let last = contexts.len().saturating_sub(1);
+                for (i, (context_id, descriptors)) in contexts.into_iter().enumerate() {
+                    let length = 4 + 8 * descriptors.len();
+                    let flags = if i == last { REPLY_FLAG_DONE } else { 0 };
+                    chunk_header(out, flags, REPLY_TYPE_BLOCK_STATUS, handle, length);
+                    out.tail.put_u32(context_id);
+                    for (length, flags) in descriptors {
+                        out.tail.put_u32(length);
+                        out.tail.put_u32(flags);
+                    }
                 }
             }
         }
@@ -134,8 +134,13 @@ impl Reply {
 }
 
 fn structured_header(out: &mut Segments, kind: u16, handle: u64, length: usize) {
+    chunk_header(out, REPLY_FLAG_DONE, kind, handle, length);
+}
+
+/// A structured reply chunk's header; `flags` has DONE on the reply's last chunk.
+fn chunk_header(out: &mut Segments, flags: u16, kind: u16, handle: u64, length: usize) {
     out.tail.put_u32(STRUCTURED_REPLY_MAGIC);
-    out.tail.put_u16(REPLY_FLAG_DONE);
+    out.tail.put_u16(flags);
     out.tail.put_u16(kind);
     out.tail.put_u64(handle);
     // Fits: payloads are bounded by MAX_BLOCK and the descriptor cap.

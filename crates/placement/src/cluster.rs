@@ -153,6 +153,12 @@ impl Placer {
 
     /// The placement group of a chunk created in `layer`.
     pub fn pg_of(&self, chunk: ChunkId, layer: LayerId) -> u32 {
+        // A snapshot's delta chunk goes where its live chunk goes: preserving a block
+        // copies it between the same servers.
+        let chunk = ChunkId {
+            index: floe_protocol::snapshot::split_index(chunk.index).1,
+            ..chunk
+        };
         match &self.ssd {
             ClassMap::Mapx(mapx) => mapx.pg_of_chunk(chunk, layer),
             ClassMap::Crush(_) => chunk_hash(chunk) % self.pgs_per_layer,

@@ -39,6 +39,9 @@ pub enum Status {
     Busy = 11,
     /// The data asked for fails its checksum here: read another replica.
     Corrupt = 12,
+    /// The replica took a change past the version the read may see (a snapshot's
+    /// reader): it must learn what that change preserved first.
+    Ahead = 13,
 }
 
 impl Status {
@@ -56,6 +59,7 @@ impl Status {
             10 => Status::Behind,
             11 => Status::Busy,
             12 => Status::Corrupt,
+            13 => Status::Ahead,
             _ => Status::Io,
         }
     }

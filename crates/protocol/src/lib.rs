@@ -8,6 +8,7 @@
 //! - [`types`]: cluster objects shared by every process (volumes, servers, chunks).
 //! - [`log_commit`]: the on-disk layout of a log-commit volume (master and gateway
 //!   agree on its size).
+//! - [`snapshot`]: snapshot epochs, delta chunks and snapshot names.
 //! - [`connection`]: a pipelined client connection: many requests in flight, replies
 //!   matched by request id, outgoing frames batched into few socket writes.
 //! - [`server`]: the accept loop and per-connection serving with the same batching.
@@ -21,6 +22,7 @@ pub mod frame;
 pub mod log_commit;
 pub mod message;
 pub mod server;
+pub mod snapshot;
 pub mod transport;
 pub mod types;
 
@@ -30,8 +32,9 @@ pub use message::{
     ClusterMapInfo, LayerInfo, MasterRequest, MasterResponse, Proposal, Registration, RepairKind,
     ReplicaRequest, ReplicaResponse, Request, Response,
 };
+pub use snapshot::{Snapshot, SnapshotEpochs};
 pub use transport::{ConnectionPool, Transport};
 pub use types::*;
 
 /// Bumped on any incompatible change of frames or messages.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;

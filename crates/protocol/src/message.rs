@@ -45,12 +45,15 @@ pub enum Request {
         forward: Vec<String>,
         data: Bytes,
     },
-    /// Reads from this server's replica only, if it holds at least `min_version`.
+    /// Reads from this server's replica only, if it holds at least `min_version` and
+    /// has taken no change past `max_version` (`u64::MAX`: any; a snapshot's reader
+    /// reads the live chunk only as of a version whose overwrites it has seen).
     Read {
         chunk: ChunkId,
         offset: u64,
         length: u32,
         min_version: u64,
+        max_version: u64,
     },
     /// Zeroes a range; `punch` frees the space. Forwarded like a write.
     Zero {
@@ -151,6 +154,9 @@ pub enum MasterRequest {
         index: u64,
         #[serde(default)]
         proposal: Option<Proposal>,
+        /// The writer's snapshot epoch (recorded as the chunk's `born`).
+        #[serde(default)]
+        epoch: u32,
     },
     /// The cluster map and the servers not yet in it.
     GetClusterMap,
@@ -208,6 +214,39 @@ pub enum MasterRequest {
     /// Compares every chunk's replicas and repairs differences.
     Scrub {
         name: String,
+    },
+    /// Takes snapshot `snapshot` of volume `name`: answered once the writer holding
+    /// the volume's lease stamps its writes with the new epoch (or at once if none).
+    CreateSnapshot {
+        name: String,
+        snapshot: String,
+    },
+    DeleteSnapshot {
+        name: String,
+        snapshot: String,
+    },
+    /// A new volume `clone`, writable at once, that reads snapshot `snapshot` of
+    /// volume `name` where it has not been written.
+    CloneVolume {
+        name: String,
+        snapshot: String,
+        clone: String,
+    },
+    /// Answered with the volume's [`crate::SnapshotEpochs`] once they differ from
+    /// `known`, or after `wait_ms` (the writer of lease `generation` long-polls, so
+    /// a new snapshot reaches it at once).
+    WatchSnapshotEpochs {
+        name: String,
+        generation: u32,
+        known: crate::SnapshotEpochs,
+        wait_ms: u64,
+    },
+    /// The holder of lease `generation` stamps writes with `epoch` from now on, and
+    /// every write of an older epoch has ended.
+    ConfirmSnapshotEpoch {
+        name: String,
+        generation: u32,
+        epoch: u32,
     },
 }
 
@@ -321,7 +360,7 @@ pub enum MasterResponse {
     Volumes {
         volumes: Vec<Volume>,
     },
-    VolumeMap(VolumeMap),
+    VolumeMap(Box<VolumeMap>),
     Chunk {
         placement: ChunkPlacement,
         servers: Vec<ServerInfo>,
@@ -333,8 +372,12 @@ pub enum MasterResponse {
         term_ms: u64,
         #[serde(default)]
         limits: VolumeLimits,
+        #[serde(default)]
+        snapshots: crate::SnapshotEpochs,
     },
     Scrub(ScrubReport),
+    Snapshot(crate::Snapshot),
+    SnapshotEpochs(crate::SnapshotEpochs),
     ClusterMap(Box<ClusterMapInfo>),
 }
 
@@ -528,11 +571,13 @@ impl Request {
                 offset,
                 length,
                 min_version,
+                max_version,
             } => {
                 put_chunk(&mut f, *chunk);
                 f.put_u64_le(*offset);
                 f.put_u32_le(*length);
                 f.put_u64_le(*min_version);
+                f.put_u64_le(*max_version);
                 KIND_READ
             }
             Request::Zero {
@@ -602,6 +647,7 @@ impl Request {
                 offset: r.u64()?,
                 length: r.u32()?,
                 min_version: r.u64()?,
+                max_version: r.u64()?,
             },
             KIND_ZERO => Request::Zero {
                 chunk: r.chunk()?,
@@ -742,6 +788,7 @@ mod tests {
             offset: 1,
             length: 2,
             min_version: 3,
+            max_version: u64::MAX,
         });
         roundtrip(Request::Zero {
             chunk,
@@ -812,6 +859,7 @@ mod tests {
             offset: 0,
             length: 4096,
             min_version: 0,
+            max_version: u64::MAX,
         };
         let extents = |index| {
             Request::Replica(ReplicaRequest::Extents {
@@ -841,6 +889,7 @@ mod tests {
             offset: 3,
             length: 4,
             min_version: 5,
+            max_version: 6,
         }
         .encode(1);
         for cut in 0..frame.fields.len() {

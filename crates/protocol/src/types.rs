@@ -343,6 +343,15 @@ pub struct Volume {
     /// The operator's rate limits (`floe volume set-qos`).
     #[serde(default)]
     pub qos: QosLimits,
+    /// The newest snapshot epoch handed out (see [`crate::snapshot`]).
+    #[serde(default)]
+    pub snapshot_epoch: u32,
+    /// Snapshots not deleted, oldest first.
+    #[serde(default)]
+    pub snapshots: Vec<crate::Snapshot>,
+    /// A clone's parent snapshot.
+    #[serde(default)]
+    pub parent: Option<crate::snapshot::Parent>,
 }
 
 /// Rate limits of one volume's I/O; 0 means unlimited.
@@ -410,6 +419,10 @@ pub struct ChunkPlacement {
     /// the chunk id it fixes the chunk's placement group for good.
     #[serde(default)]
     pub layer: u8,
+    /// The writer's snapshot epoch when the chunk was allocated: snapshots of that
+    /// epoch and older read it as zeroes.
+    #[serde(default)]
+    pub born: u32,
 }
 
 /// How placement groups map to chunk servers.

@@ -75,6 +75,37 @@ pub async fn settled(cluster: &Cluster) -> Result<(), String> {
 
 /// Every block reads back as the ledger allows, through a fresh read-only attach;
 /// every chunk's replicas are on distinct hosts and equal at equal versions.
+/// Every snapshot the master kept reads, block by block, one of the writes the
+/// ledger allows it (see [`Ledger::begin_snapshot`]).
+pub async fn snapshots(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
+    let mut violations = Vec::new();
+    let map = match cluster.admin().volume_map(VOLUME).await {
+        Ok(map) => map,
+        Err(e) => return vec![format!("no volume map at the end: {e}")],
+    };
+    for name in ledger.snapshots() {
+        // Never stored: the master died or refused before it was.
+        if !map.volume.snapshots.iter().any(|s| s.name == name) {
+            continue;
+        }
+        let device = match floe_client::open_snapshot(cluster.admin().clone(), VOLUME, &name).await
+        {
+            Ok(device) => device,
+            Err(e) => {
+                violations.push(format!("snapshot {name} could not be opened: {e}"));
+                continue;
+            }
+        };
+        for block in ledger.blocks() {
+            match device.read(block * BLOCK_BYTES, BLOCK_BYTES as u32).await {
+                Ok(data) => violations.extend(ledger.check_snapshot_read(&name, block, &data)),
+                Err(e) => violations.push(format!("snapshot {name}: block {block} failed: {e}")),
+            }
+        }
+    }
+    violations
+}
+
 pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
     let mut violations = Vec::new();
     let network = &cluster.network;

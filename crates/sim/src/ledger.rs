@@ -37,6 +37,8 @@ struct History {
     /// Writes after the floor, oldest first.
     after_floor: Vec<Later>,
     busy: bool,
+    /// Content id of the write in progress, if any.
+    in_flight: Option<u64>,
 }
 
 /// A write after a block's floor.
@@ -67,6 +69,17 @@ struct Inner {
     reads_checked: u64,
     flushes: u64,
     violations: Vec<String>,
+    snapshots: Vec<SnapshotCheck>,
+    snapshot_reads: u64,
+}
+
+/// What a snapshot may hold: per block, the writes acknowledged or in doubt when its
+/// creation began, and every write begun until its creation returned (`open` until
+/// then).
+struct SnapshotCheck {
+    name: String,
+    allowed: BTreeMap<u64, Vec<u64>>,
+    open: bool,
 }
 
 #[derive(Clone, Default)]
@@ -153,7 +166,70 @@ impl Ledger {
         let id = if zero { 0 } else { inner.next_write };
         held.write = Some(id);
         held.began = inner.next_seq();
+        for block in held.first..held.first + held.count {
+            inner.blocks.get_mut(&block).unwrap().in_flight = Some(id);
+            for snapshot in inner.snapshots.iter_mut().filter(|s| s.open) {
+                snapshot.allowed.entry(block).or_default().push(id);
+            }
+        }
         id
+    }
+
+    /// A snapshot's creation begins: every block's acknowledged write, the writes in
+    /// doubt and those in flight may be in it, and any write begun until
+    /// [`Ledger::snapshot_taken`].
+    pub fn begin_snapshot(&self, name: &str) {
+        let mut inner = self.inner.lock().unwrap();
+        let allowed = inner
+            .blocks
+            .iter()
+            .map(|(block, h)| {
+                let ids = std::iter::once(h.acked).chain(h.uncertain.iter().copied());
+                (*block, ids.chain(h.in_flight).collect())
+            })
+            .collect();
+        inner.snapshots.push(SnapshotCheck {
+            name: name.to_string(),
+            allowed,
+            open: true,
+        });
+    }
+
+    /// The snapshot's creation returned: writes begun from here on are not in it.
+    pub fn snapshot_taken(&self, name: &str) {
+        let mut inner = self.inner.lock().unwrap();
+        if let Some(snapshot) = inner.snapshots.iter_mut().find(|s| s.name == name) {
+            snapshot.open = false;
+        }
+    }
+
+    /// Blocks of snapshots read and checked.
+    pub fn snapshot_reads(&self) -> u64 {
+        self.inner.lock().unwrap().snapshot_reads
+    }
+
+    /// Snapshots begun, by name.
+    pub fn snapshots(&self) -> Vec<String> {
+        let inner = self.inner.lock().unwrap();
+        inner.snapshots.iter().map(|s| s.name.clone()).collect()
+    }
+
+    /// Checks a snapshot's block as read; the violation, if any.
+    pub fn check_snapshot_read(&self, name: &str, block: u64, data: &[u8]) -> Option<String> {
+        let mut inner = self.inner.lock().unwrap();
+        inner.snapshot_reads += 1;
+        let snapshot = inner.snapshots.iter().find(|s| s.name == name)?;
+        let allowed = snapshot
+            .allowed
+            .get(&block)
+            .map_or(&[0][..], |a| a.as_slice());
+        if allowed.iter().any(|id| pattern(*id, block) == data) {
+            return None;
+        }
+        let held = data.get(..16).unwrap_or_default();
+        Some(format!(
+            "snapshot {name}, block {block}: holds none of writes {allowed:?} (begins {held:02x?})"
+        ))
     }
 
     /// A FLUSH begins; pass the number returned to [`Ledger::flushed`] if it succeeds.
@@ -309,6 +385,7 @@ impl Drop for Held {
         for block in self.first..self.first + self.count {
             let history = inner.blocks.get_mut(&block).unwrap();
             history.busy = false;
+            history.in_flight = None;
             if !self.finished {
                 if let Some(id) = self.write {
                     history.uncertain.push(id);

@@ -7,7 +7,9 @@ use crate::ledger::Ledger;
 use crate::network::{Faults, Network};
 use crate::workload::{worker, Device, GROUP_BLOCKS};
 use floe_protocol::connection::CallError;
-use floe_protocol::{MasterRequest, PlacementMode, VolumeMode, VolumeSpec, WriteMode};
+use floe_protocol::{
+    MasterRequest, MasterResponse, PlacementMode, VolumeMode, VolumeSpec, WriteMode,
+};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -30,6 +32,8 @@ const OPEN_TIME_MAX: Duration = Duration::from_secs(90);
 pub struct Report {
     pub writes_acked: usize,
     pub reads_checked: u64,
+    /// Blocks of snapshots read at the end and checked.
+    pub snapshot_reads: u64,
     /// FLUSHes that succeeded (write-back).
     pub flushes: u64,
     pub events: Vec<String>,
@@ -60,6 +64,10 @@ struct Run {
     /// Draws whether a write-back seed's power cut takes every host, apart from
     /// `rng` so that every other draw stays what it was before such cuts existed.
     power_rng: StdRng,
+    /// Draws when snapshots are taken (write-through seeds), apart from `rng` too.
+    snapshot_rng: StdRng,
+    /// Snapshots taken so far.
+    snapshots: u32,
     seed: u64,
     cluster: Cluster,
     network: Arc<Network>,
@@ -119,6 +127,8 @@ pub async fn run(seed: u64, write_mode: WriteMode) -> Result<Report, (Vec<String
     let mut run = Run {
         rng,
         power_rng: StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
+        snapshot_rng: StdRng::seed_from_u64(seed ^ 0x5a5a_1234_c3c3_8765),
+        snapshots: 0,
         seed,
         cluster,
         network: network.clone(),
@@ -155,6 +165,7 @@ pub async fn run(seed: u64, write_mode: WriteMode) -> Result<Report, (Vec<String
     let report = Report {
         writes_acked: run.ledger.writes_acked(),
         reads_checked: run.ledger.reads_checked(),
+        snapshot_reads: run.ledger.snapshot_reads(),
         flushes: run.ledger.flushes(),
         events: run.events,
         trace: network.trace_hash(),
@@ -224,12 +235,15 @@ impl Run {
             let pause = Duration::from_millis(self.rng.gen_range(200..2_500));
             self.run_for(pause).await;
             self.fault().await?;
+            self.maybe_snapshot();
         }
         self.stop_workers().await;
         self.heal().await?;
         check::settled(&self.cluster).await?;
         self.violations
             .extend(check::final_state(&self.cluster, &self.ledger).await);
+        self.violations
+            .extend(check::snapshots(&self.cluster, &self.ledger).await);
         self.violations.extend(check::split_brain(
             &self.network.observations.grants(),
             &self.ledger.acks(),
@@ -285,6 +299,31 @@ impl Run {
                 self.cluster.free_disk(n);
             }
         }
+    }
+
+    /// Now and then (write-through volumes: the ledger's snapshot rule assumes every
+    /// acknowledged write durable), snapshots the volume while the workload and the
+    /// faults go on; the creation runs as a task of its own.
+    fn maybe_snapshot(&mut self) {
+        if self.write_mode != WriteMode::WriteThrough || !self.snapshot_rng.gen_ratio(1, 5) {
+            return;
+        }
+        self.snapshots += 1;
+        let name = format!("s{}", self.snapshots);
+        self.event(format!("snapshot {VOLUME}@{name}"));
+        self.ledger.begin_snapshot(&name);
+        let (admin, ledger) = (self.cluster.admin().clone(), self.ledger.clone());
+        tokio::spawn(async move {
+            let request = MasterRequest::CreateSnapshot {
+                name: VOLUME.into(),
+                snapshot: name.clone(),
+            };
+            // Failed or unanswered: the snapshot may exist, and takes every write
+            // begun since (the check is weaker, never wrong).
+            if let Ok(MasterResponse::Snapshot(_)) = admin.call(request).await {
+                ledger.snapshot_taken(&name);
+            }
+        });
     }
 
     fn live_servers(&self) -> Vec<usize> {

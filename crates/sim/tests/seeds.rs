@@ -80,7 +80,7 @@ fn seeds() {
     let keep_going = std::env::var_os("FLOE_SIM_KEEP_GOING").is_some();
     // Seeds are independent: one thread per core, each taking the next seed.
     let next = AtomicU64::new(base);
-    let totals = Mutex::new((0, 0, 0, Vec::new()));
+    let totals = Mutex::new((0, 0, 0, Vec::new(), 0));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -96,6 +96,7 @@ fn seeds() {
                         totals.0 += report.writes_acked;
                         totals.1 += report.reads_checked;
                         totals.2 += report.flushes;
+                        totals.4 += report.snapshot_reads;
                     }
                     Err(failure) => {
                         println!("{failure}");
@@ -105,10 +106,10 @@ fn seeds() {
             });
         }
     });
-    let (writes, reads, flushes, mut failed) = totals.into_inner().unwrap();
+    let (writes, reads, flushes, mut failed, snapshot_reads) = totals.into_inner().unwrap();
     failed.sort_unstable();
     println!(
-        "{count} seeds from {base}, {} failed, {writes} acknowledged writes, {reads} reads checked, {flushes} flushes, in {:.1?}",
+        "{count} seeds from {base}, {} failed, {writes} acknowledged writes, {reads} reads checked, {snapshot_reads} snapshot blocks checked, {flushes} flushes, in {:.1?}",
         failed.len(),
         started.elapsed()
     );
@@ -146,6 +147,7 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (1945601331, "learning a chunk's version from every replica not stale (fewer than a majority) let a reader after a takeover read an old copy"),
     (1127769332, "a restart on a disk filled past the store's floor could not checkpoint"),
     (567174403, "a repair a full disk interrupted stopped its server from starting again"),
+    (6, "a whole-copy repair of a snapshot's delta chunk wrote the zeroes of the gaps it read across, so the copy's extents claimed blocks never preserved: the snapshot read zeroes there"),
 ];
 
 /// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.

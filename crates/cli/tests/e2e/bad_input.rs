@@ -15,7 +15,7 @@ use std::time::Duration;
 const MAGIC: u32 = 0x464c_4f45;
 const HEADER: usize = 24;
 /// The wire protocol version this suite speaks (floe_protocol::PROTOCOL_VERSION).
-const PROTOCOL: u32 = 5;
+const PROTOCOL: u32 = 6;
 const KIND_HELLO: u16 = 1;
 const KIND_READ: u16 = 3;
 /// A request to the master, and a chunk server's control request about a replica.
@@ -77,6 +77,7 @@ fn read_payload() -> Vec<u8> {
     p.extend_from_slice(&0u64.to_le_bytes());
     p.extend_from_slice(&4096u32.to_le_bytes());
     p.extend_from_slice(&0u64.to_le_bytes()); // min_version
+    p.extend_from_slice(&u64::MAX.to_le_bytes()); // max_version
     p
 }
 
@@ -546,6 +547,7 @@ fn chunkserver_refuses_reads_larger_than_a_frame() {
     }
     payload.extend_from_slice(&(64u32 << 20).to_le_bytes());
     payload.extend_from_slice(&0u64.to_le_bytes());
+    payload.extend_from_slice(&u64::MAX.to_le_bytes());
     raw.send(&frame(KIND_READ, 2, &payload));
     let reply = raw.frame();
     assert!(

@@ -21,6 +21,7 @@ mod nbd_raw;
 mod netcut;
 mod qos;
 mod scrub;
+mod snapshots;
 mod takeover;
 mod write_back;
 mod write_modes;

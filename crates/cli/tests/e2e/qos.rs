@@ -375,6 +375,7 @@ fn journal_pressure_throttles_writes_until_it_drains() {
             volume_id,
             index: 0,
             proposal: None,
+            epoch: 0,
         };
         let MasterResponse::Chunk { placement, .. } = call(&master, allocate).await else {
             panic!("no placement");

@@ -41,7 +41,7 @@ impl Copied {
 impl Master {
     /// One request to a chunk server, bounded in time: a server cut off by the
     /// network never answers, and its connection may take minutes to fail.
-    pub(super) async fn ask(
+    pub(crate) async fn ask(
         &self,
         address: &str,
         request: ReplicaRequest,

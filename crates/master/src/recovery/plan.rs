@@ -408,6 +408,7 @@ mod tests {
                 view: 3,
                 stale: Vec::new(),
                 layer: 0,
+                born: 0,
             }
         }
 

@@ -10,6 +10,7 @@
 //! read found bad, and over every volume in the background.
 
 use crate::{Failure, Master};
+use floe_protocol::snapshot::split_index;
 use floe_protocol::{
     ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo, Volume,
 };
@@ -209,10 +210,16 @@ async fn heal(
     }
     report.healed_blocks += healed;
     for offset in lost {
-        let at = volume.spec.volume_offset(chunk.index, offset);
+        // A delta chunk holds blocks of its live chunk as snapshots see them.
+        let (epoch, live) = split_index(chunk.index);
+        let at = volume.spec.volume_offset(live, offset);
+        let whose = match epoch {
+            0 => String::new(),
+            epoch => format!(" (as snapshots from epoch {epoch} down read it)"),
+        };
         let detail = format!(
-            "volume {} offset {at}: LOST, no replica holds a good copy of chunk {} block \
-             {offset} (left as it is)",
+            "volume {} offset {at}{whose}: LOST, no replica holds a good copy of chunk {} \
+             block {offset} (left as it is)",
             volume.spec.name, chunk.index
         );
         tracing::error!("scrub: {detail}");

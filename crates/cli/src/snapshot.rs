@@ -1,0 +1,181 @@
+//! `floe snapshot create|list|delete`.
+
+use clap::Subcommand;
+use floe_client::master::MasterClient;
+use floe_protocol::snapshot::split_snapshot;
+use floe_protocol::{MasterRequest, MasterResponse};
+use std::time::{Duration, UNIX_EPOCH};
+
+#[derive(Subcommand)]
+pub enum SnapshotCommand {
+    /// Take a crash-consistent snapshot VOLUME@SNAPSHOT of a volume, in use or not:
+    /// its export VOLUME@SNAPSHOT reads the volume as it was, read-only.
+    Create { target: String },
+    /// List a volume's snapshots, with the bytes of blocks preserved from each one
+    /// on until the next (what the volume's writes since it have copied).
+    List { volume: String },
+    /// Delete a snapshot; the space its preserved blocks take comes back once no
+    /// older snapshot reads them.
+    Delete { target: String },
+}
+
+fn target(text: &str) -> Result<(&str, &str), String> {
+    split_snapshot(text).ok_or_else(|| format!("{text:?} is not VOLUME@SNAPSHOT"))
+}
+
+pub async fn run(master: &MasterClient, command: SnapshotCommand) -> Result<(), String> {
+    match command {
+        SnapshotCommand::Create { target: text } => {
+            let (volume, snapshot) = target(&text)?;
+            let request = MasterRequest::CreateSnapshot {
+                name: volume.into(),
+                snapshot: snapshot.into(),
+            };
+            match master.call(request).await {
+                Ok(MasterResponse::Snapshot(taken)) => {
+                    println!("snapshot {text} taken (epoch {})", taken.epoch);
+                    Ok(())
+                }
+                Ok(other) => Err(format!("master answered {other:?}")),
+                Err(e) => Err(format!("cannot snapshot {text}: {e}")),
+            }
+        }
+        SnapshotCommand::List { volume } => {
+            let map = master
+                .volume_map(&volume)
+                .await
+                .map_err(|e| e.to_string())?;
+            let master = std::sync::Arc::new(MasterClient::new(master.address()));
+            let preserved = floe_client::snapshot::diff::preserved_bytes(master, &volume).await?;
+            println!(
+                "{:<24} {:>6} {:<20} {:>10} {:>10} state",
+                "name", "epoch", "taken (UTC)", "size", "preserved"
+            );
+            let snapshots = &map.volume.snapshots;
+            for (i, s) in snapshots.iter().enumerate() {
+                let taken = UNIX_EPOCH + Duration::from_millis(s.created_ms);
+                let taken = humantime::format_rfc3339_seconds(taken).to_string();
+                // Blocks overwritten from this snapshot on, until the next one.
+                let next = snapshots.get(i + 1).map_or(u32::MAX, |n| n.epoch);
+                let held: u64 = preserved.range(s.epoch..next).map(|(_, b)| b).sum();
+                println!(
+                    "{:<24} {:>6} {:<20} {:>10} {:>10} {}",
+                    s.name,
+                    s.epoch,
+                    taken.trim_end_matches('Z').replace('T', " "),
+                    crate::size::format(s.size_bytes),
+                    crate::size::format(held),
+                    if s.ready { "ready" } else { "pending" }
+                );
+            }
+            Ok(())
+        }
+        SnapshotCommand::Delete { target: text } => {
+            let (volume, snapshot) = target(&text)?;
+            let request = MasterRequest::DeleteSnapshot {
+                name: volume.into(),
+                snapshot: snapshot.into(),
+            };
+            master
+                .call(request)
+                .await
+                .map_err(|e| format!("cannot delete snapshot {text}: {e}"))?;
+            println!("deleted snapshot {text}");
+            Ok(())
+        }
+    }
+}
+
+/// `floe volume diff VOLUME@SINCE [VOLUME@UNTIL] [--json]`.
+pub async fn diff(
+    master: &str,
+    since: &str,
+    until: Option<&str>,
+    json: bool,
+) -> Result<(), String> {
+    let (volume, from) = target(since)?;
+    let to = match until {
+        Some(text) => {
+            let (other, to) = target(text)?;
+            if other != volume {
+                return Err(format!(
+                    "{since} and {text} are snapshots of different volumes"
+                ));
+            }
+            Some(to)
+        }
+        None => None,
+    };
+    let master = std::sync::Arc::new(MasterClient::new(master));
+    let ranges = floe_client::snapshot::diff::changed(master, volume, from, to).await?;
+    let bytes: u64 = ranges.iter().map(|r| r.1).sum();
+    let until = until.unwrap_or(volume);
+    if json {
+        let extents: Vec<_> = ranges
+            .iter()
+            .map(|(offset, length)| serde_json::json!({"offset": offset, "length": length}))
+            .collect();
+        let out = serde_json::json!({
+            "since": since, "until": until, "extents": extents, "changed_bytes": bytes,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!("{:>16} {:>12}", "offset", "length");
+    for (offset, length) in &ranges {
+        println!("{offset:>16} {length:>12}");
+    }
+    println!(
+        "{} extents, {} changed from {since} to {until}",
+        ranges.len(),
+        crate::size::format(bytes)
+    );
+    Ok(())
+}
+
+/// `floe volume rollback VOLUME@SNAPSHOT`, with progress, rate and ETA each second.
+pub async fn rollback(master: &str, text: &str) -> Result<(), String> {
+    let (volume, snapshot) = target(text)?;
+    let master = std::sync::Arc::new(MasterClient::new(master));
+    let started = std::time::Instant::now();
+    let mut shown = started;
+    let progress = |done: u64, total: u64| {
+        if shown.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        shown = std::time::Instant::now();
+        let rate = done as f64 / started.elapsed().as_secs_f64();
+        let eta = (total - done) as f64 / rate.max(1.0);
+        eprintln!(
+            "rolling back {volume} to {text}: {} of {} ({}/s, ETA {eta:.0} s)",
+            crate::size::format(done),
+            crate::size::format(total),
+            crate::size::format(rate as u64)
+        );
+    };
+    let rewritten = floe_client::snapshot::rollback::rollback(master, volume, snapshot, progress)
+        .await
+        .map_err(|e| format!("cannot roll {volume} back to {text}: {e}"))?;
+    println!(
+        "rolled {volume} back to {text}: {} rewritten in {:.1} s",
+        crate::size::format(rewritten),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `floe volume clone VOLUME@SNAPSHOT NAME`.
+pub async fn clone(master: &MasterClient, source: &str, name: &str) -> Result<(), String> {
+    let (volume, snapshot) = target(source)?;
+    let request = MasterRequest::CloneVolume {
+        name: volume.into(),
+        snapshot: snapshot.into(),
+        clone: name.into(),
+    };
+    master
+        .call(request)
+        .await
+        .map_err(|e| format!("cannot clone {source} as {name}: {e}"))?;
+    println!("volume {name} created, a clone of {source}");
+    Ok(())
+}

@@ -1,0 +1,392 @@
+//! Snapshots: write A, snapshot, write B: the snapshot export `demo@one` reads A
+//! (qemu-img compare) while fio writes B over it, through kill -9 of a chunk server
+//! and the repair after it; a snapshot taken while the gateway writes is taken once
+//! the gateway switched epochs, and reads the same twice; bad names, duplicate and
+//! unknown snapshots and writes to a snapshot are refused with clear errors; a
+//! snapshot reads the same across a kill -9 of the writing gateway. An
+//! incremental backup (scripts/copy-changed.py over floe:changed-since) copies only
+//! what changed; a rollback is refused while the volume is open, then brings the
+//! snapshot back and leaves newer snapshots as they were.
+
+use crate::cluster::{ok, output, random_file, Cluster, TestDir};
+use crate::fio_job::{assert_clean, FioJob, Verify};
+use crate::io_helpers::{floe_output, text};
+use crate::write_modes::Gateway;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const A_BYTES: usize = 64 << 20;
+const VOLUME_BYTES: u64 = 1 << 30;
+
+/// `qemu-img compare` of an image file with an export; true when identical.
+fn same(image: &Path, uri: &str) -> bool {
+    let out = output(
+        Command::new("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(image)
+            .arg(uri),
+    );
+    match out.status.code() {
+        Some(0) => true,
+        Some(1) => false,
+        _ => panic!("qemu-img compare {uri} failed: {}", text(&out)),
+    }
+}
+
+/// Copies an export to `to` with nbdcopy; its first `A_BYTES` (where the writes go).
+fn copy(uri: &str, to: &Path) -> Vec<u8> {
+    ok(Command::new("nbdcopy").arg(uri).arg(to));
+    let mut head = std::fs::read(to).unwrap();
+    head.truncate(A_BYTES);
+    head
+}
+
+fn kill9(pid: u32) {
+    // SAFETY: kill(2) on a chunk server we started (through the demo).
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+}
+
+#[test]
+fn a_snapshot_reads_the_volume_as_it_was_while_writes_kills_and_repairs_go_on() {
+    let dir = TestDir::new();
+    let work = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path());
+    let uri = cluster.uri().to_string();
+    let snapshot = |name: &str| format!("{uri}@{name}");
+
+    // A: random bytes over the first 64 MiB (chunks 0-3 of the demo's layout).
+    let a = work.path().join("a.raw");
+    random_file(&a, A_BYTES);
+    ok(Command::new("nbdcopy").arg(&a).arg(&uri));
+    let expected = work.path().join("expected-a.raw");
+    std::fs::copy(&a, &expected).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&expected)
+        .unwrap()
+        .set_len(VOLUME_BYTES)
+        .unwrap();
+
+    // No gateway holds the lease between connections: taken at once.
+    let created = cluster.floe(&["snapshot", "create", "demo@one"]);
+    assert!(created.contains("taken"), "{created}");
+    assert!(
+        same(&expected, &snapshot("one")),
+        "snapshot one differs from A at rest"
+    );
+
+    // B: fio's random writes over A's range, verified, while a second snapshot is
+    // taken, the first one read, and a chunk server killed.
+    let fio = FioJob::random_4k(&uri, work.path(), 11)
+        .size("64M")
+        .runtime(25)
+        .verify(Verify::WriteAndRead)
+        .spawn();
+    std::thread::sleep(Duration::from_secs(3));
+    let started = Instant::now();
+    let created = cluster.floe(&["snapshot", "create", "demo@two"]);
+    assert!(created.contains("taken"), "{created}");
+    eprintln!(
+        "snapshot taken under writes in {:?} (CLI start included)",
+        started.elapsed()
+    );
+    assert!(
+        same(&expected, &snapshot("one")),
+        "snapshot one differs from A while B is written"
+    );
+    kill9(cluster.info.chunkserver_pids[1]);
+    let two_first = copy(&snapshot("two"), &work.path().join("two-1.raw"));
+    assert_clean(&fio.wait_with_output().unwrap(), "fio writing B");
+    cluster.wait_for_redundancy(Duration::from_secs(240));
+
+    assert!(
+        same(&expected, &snapshot("one")),
+        "snapshot one differs from A after the kill and repair"
+    );
+    assert!(!same(&expected, &uri), "the volume should hold B, not A");
+    let two_again = copy(&snapshot("two"), &work.path().join("two-2.raw"));
+    assert!(
+        two_first == two_again,
+        "snapshot two changed between two reads"
+    );
+    assert!(
+        two_first != std::fs::read(&a).unwrap(),
+        "snapshot two, taken 3 s into B, holds none of B"
+    );
+    let list = cluster.floe(&["snapshot", "list", "demo"]);
+    assert!(
+        list.contains("one") && list.contains("two") && list.contains("ready"),
+        "{list}"
+    );
+    let scrub = cluster.floe(&["scrub", "demo"]);
+    assert!(!scrub.contains("LOST"), "{scrub}");
+
+    // Bad input: each refused in one line, the cluster serving on.
+    for (args, expect) in [
+        (&["snapshot", "create", "demo@one"][..], "already exists"),
+        (
+            &["snapshot", "create", "demo@a/b"][..],
+            "must be 1-128 characters",
+        ),
+        (&["snapshot", "create", "nope@x"][..], "nope"),
+        (&["snapshot", "create", "demo"][..], "VOLUME@SNAPSHOT"),
+        (&["snapshot", "delete", "demo@missing"][..], "no snapshot"),
+    ] {
+        let out = floe_output(&cluster, args);
+        assert!(
+            !out.status.success() && text(&out).contains(expect),
+            "{args:?}: {}",
+            text(&out)
+        );
+    }
+    let write = output(
+        Command::new("qemu-io")
+            .args(["-f", "raw", "-c", "write 0 4k"])
+            .arg(snapshot("one")),
+    );
+    let said = text(&write);
+    assert!(
+        said.contains("failed") || !write.status.success(),
+        "a write to a snapshot: {said}"
+    );
+    let missing = output(Command::new("nbdinfo").arg(snapshot("missing")));
+    assert!(!missing.status.success(), "{}", text(&missing));
+
+    // Deleting the older snapshot leaves the newer one as it was.
+    cluster.floe(&["snapshot", "delete", "demo@one"]);
+    let list = cluster.floe(&["snapshot", "list", "demo"]);
+    assert!(!list.contains("one ") && list.contains("two"), "{list}");
+    let two_after = copy(&snapshot("two"), &work.path().join("two-3.raw"));
+    assert!(
+        two_first == two_after,
+        "snapshot two changed when one was deleted"
+    );
+
+    // The writer killed (-9) while it preserves and overwrites: a snapshot read before
+    // the kill reads the same after it, from another gateway.
+    let fio = FioJob::random_4k(&uri, work.path(), 12)
+        .size("64M")
+        .runtime(20)
+        .spawn();
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.floe(&["snapshot", "create", "demo@three"]);
+    let three_before = copy(&snapshot("three"), &work.path().join("three-1.raw"));
+    std::thread::sleep(Duration::from_secs(2));
+    kill9(cluster.info.gateway_pid);
+    let _ = fio.wait_with_output();
+    let gateway = Gateway::start(&cluster.info.master, &work.path().join("gateway.log"));
+    let other = |name: &str| format!("{}@{name}", gateway.uri);
+    assert!(
+        three_before == copy(&other("three"), &work.path().join("three-2.raw")),
+        "snapshot three changed across a kill -9 of the writer"
+    );
+    assert!(
+        two_first == copy(&other("two"), &work.path().join("two-4.raw")),
+        "snapshot two changed across a kill -9 of the writer"
+    );
+}
+
+const COPY_CHANGED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/copy-changed.py");
+
+#[test]
+fn an_incremental_backup_copies_only_what_changed_and_a_rollback_brings_the_snapshot_back() {
+    let dir = TestDir::new();
+    let work = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path());
+    let uri = cluster.uri().to_string();
+    let a = work.path().join("a.raw");
+    random_file(&a, A_BYTES);
+    ok(Command::new("nbdcopy").arg(&a).arg(&uri));
+    cluster.floe(&["snapshot", "create", "demo@monday"]);
+    let backup = work.path().join("backup.raw");
+    ok(Command::new("nbdcopy")
+        .arg(format!("{uri}@monday"))
+        .arg(&backup));
+
+    // 2048 distinct 4 KiB blocks (fio's random map), over chunks A wrote.
+    let written: u64 = 8 << 20;
+    let fio = FioJob::random_4k(&uri, work.path(), 5).io_size("8M").run();
+    assert_clean(&fio, "fio's random writes");
+    cluster.floe(&["snapshot", "create", "demo@tuesday"]);
+
+    let tuesday = format!("{uri}@tuesday");
+    let copied = ok(Command::new("/usr/bin/python3")
+        .arg(COPY_CHANGED)
+        .arg(&tuesday)
+        .arg("floe:changed-since:monday")
+        .arg(&backup));
+    let copied: u64 = copied.trim().parse().unwrap();
+    assert!(
+        same(&backup, &tuesday),
+        "the incremental backup differs from tuesday"
+    );
+    eprintln!("incremental backup: {copied} bytes copied for {written} written");
+    assert!(
+        copied >= written && copied <= written + written / 10,
+        "{copied} bytes copied for {written} written"
+    );
+    let diff = cluster.floe(&["volume", "diff", "demo@monday", "demo@tuesday", "--json"]);
+    let diff: serde_json::Value = serde_json::from_str(&diff).unwrap();
+    assert_eq!(diff["changed_bytes"].as_u64(), Some(copied), "{diff}");
+    let list = cluster.floe(&["snapshot", "list", "demo"]);
+    let monday = list
+        .lines()
+        .find(|l| l.starts_with("monday"))
+        .unwrap_or_default();
+    assert!(
+        monday.contains("8.0 MiB"),
+        "monday preserved the 8 MiB overwritten:\n{list}"
+    );
+    // Since monday, to the volume now: the same blocks, nothing written since.
+    let now = cluster.floe(&["volume", "diff", "demo@monday", "--json"]);
+    let now: serde_json::Value = serde_json::from_str(&now).unwrap();
+    assert_eq!(now["changed_bytes"].as_u64(), Some(copied), "{now}");
+
+    // Rollback: refused while a client has the volume open, then back to A.
+    let mut holder = Command::new("/usr/bin/python3")
+        .args(["-c", HOLD_OPEN, &uri])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "open");
+    let refused = floe_output(&cluster, &["volume", "rollback", "demo@monday"]);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(
+        !refused.status.success() && text(&refused).contains("in use"),
+        "{}",
+        text(&refused)
+    );
+    let rolled = cluster.floe(&["volume", "rollback", "demo@monday"]);
+    assert!(rolled.contains("rolled demo back"), "{rolled}");
+    let expected = work.path().join("expected-a.raw");
+    std::fs::copy(&a, &expected).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&expected)
+        .unwrap()
+        .set_len(VOLUME_BYTES)
+        .unwrap();
+    assert!(
+        same(&expected, &uri),
+        "the volume differs from monday after the rollback"
+    );
+    assert!(same(&backup, &tuesday), "tuesday changed with the rollback");
+}
+
+/// Opens an NBD export (argv[1]), reads from it, says "open" and holds it.
+const HOLD_OPEN: &str = "import nbd, sys, time
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pread(4096, 0)
+print('open', flush=True)
+time.sleep(120)";
+
+#[test]
+fn a_clone_reads_its_parent_snapshot_and_diverges_from_it() {
+    let dir = TestDir::new();
+    let work = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path());
+    let uri = cluster.uri().to_string();
+    let a = work.path().join("a.raw");
+    random_file(&a, A_BYTES);
+    ok(Command::new("nbdcopy").arg(&a).arg(&uri));
+    let expected = work.path().join("expected-a.raw");
+    std::fs::copy(&a, &expected).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&expected)
+        .unwrap()
+        .set_len(VOLUME_BYTES)
+        .unwrap();
+    cluster.floe(&["snapshot", "create", "demo@base"]);
+    let made = cluster.floe(&["volume", "clone", "demo@base", "vm2"]);
+    assert!(made.contains("clone of demo@base"), "{made}");
+    let info = cluster.floe(&["volume", "info", "vm2"]);
+    assert!(info.contains("clone of:      demo@base"), "{info}");
+    let vm2 = uri.replace("/demo", "/vm2");
+    assert!(
+        same(&expected, &vm2),
+        "the clone does not read as its parent snapshot"
+    );
+
+    // The clone diverges: fio's verified random writes (whole blocks), a 512-byte
+    // write inside a block the parent holds, and zeroes over a parent's range.
+    let fio = FioJob::random_4k(&vm2, work.path(), 3)
+        .size("64M")
+        .io_size("4M");
+    assert_clean(
+        &fio.clone().verify(Verify::WriteAndRead).run(),
+        "fio on the clone",
+    );
+    assert_clean(
+        &fio.verify(Verify::Read { load_state: false }).run(),
+        "fio's writes read back from the clone",
+    );
+    let block = (60 << 20) as u64;
+    crate::io_helpers::qemu_io(
+        &vm2,
+        &[
+            &format!("write -P 0x3c {} 512", block + 1024),
+            &format!("write -z {} 1M", 62 << 20),
+        ],
+    );
+    let head = output(
+        Command::new("qemu-io")
+            .args(["-f", "raw", "-c", &format!("read -v {block} 4096")])
+            .arg(&vm2),
+    );
+    let a_bytes = std::fs::read(&a).unwrap();
+    let shown = hexdump_bytes(&text(&head));
+    let mut wanted = a_bytes[block as usize..block as usize + 4096].to_vec();
+    wanted[1024..1536].fill(0x3c);
+    assert_eq!(
+        shown, wanted,
+        "a partial write in a clone keeps the parent's bytes around it"
+    );
+    crate::io_helpers::qemu_io(&vm2, &[&format!("read -P 0 {} 1M", 62 << 20)]);
+
+    // The parent and its snapshot stay as they were.
+    assert!(same(&expected, &uri), "the parent volume changed");
+    assert!(
+        same(&expected, &format!("{uri}@base")),
+        "the parent snapshot changed"
+    );
+    for (args, expect) in [
+        (
+            &["snapshot", "delete", "demo@base"][..],
+            "parent of clone vm2",
+        ),
+        (&["volume", "delete", "demo"][..], "has a clone, vm2"),
+        (&["snapshot", "create", "vm2@x"][..], "snapshots of clones"),
+        (&["volume", "clone", "demo@nope", "vm3"][..], "no snapshot"),
+    ] {
+        let out = floe_output(&cluster, args);
+        assert!(
+            !out.status.success() && text(&out).contains(expect),
+            "{args:?}: {}",
+            text(&out)
+        );
+    }
+    cluster.floe(&["volume", "delete", "vm2"]);
+    cluster.floe(&["snapshot", "delete", "demo@base"]);
+}
+
+/// The bytes of `qemu-io -c "read -v ..."` output (offset: 16 hex bytes  text).
+fn hexdump_bytes(dump: &str) -> Vec<u8> {
+    dump.lines()
+        .filter_map(|line| line.split_once(": "))
+        .flat_map(|(_, rest)| {
+            rest.split_whitespace()
+                .take(16)
+                .filter_map(|h| u8::from_str_radix(h, 16).ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}

@@ -1,0 +1,173 @@
+//! A snapshot as a read-only chunk layer (`VOLUME@SNAPSHOT` exports).
+//!
+//! Block `b` of chunk `i` in snapshot `s` comes from the delta of the lowest epoch
+//! `t >= s` that holds it (the block as it was before epoch `t` first overwrote it;
+//! no write of epochs `s..t` touched it), else from the live chunk, which no write
+//! of epoch `s` or later has touched there. The writer preserves a block durably
+//! before it overwrites it, so the reader learns the live chunk's version `v` first,
+//! then the deltas' blocks, and reads the live chunk only from a replica that has
+//! taken nothing past `v`; when one has, it learns again.
+
+use super::blocks::Blocks;
+use crate::replicated::ReplicatedChunks;
+use crate::stripe::ChunkIo;
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use floe_blockdev::IoError;
+use floe_protocol::snapshot::{delta_index, SNAPSHOT_BLOCK_BYTES};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long a read keeps learning again while the live chunk keeps moving on.
+const READ_DEADLINE: Duration = Duration::from_secs(60);
+
+/// What the reader knows of one chunk: the live version and, as of it, the blocks
+/// each delta at or past the snapshot's epoch holds, lowest epoch first.
+struct Known {
+    version: u64,
+    deltas: Vec<(u32, Blocks)>,
+}
+
+pub struct SnapshotChunks {
+    chunks: ReplicatedChunks,
+    epoch: u32,
+    known: Mutex<HashMap<u64, Arc<Known>>>,
+}
+
+/// Where a run of a read comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Live,
+    Delta(u32),
+}
+
+impl SnapshotChunks {
+    /// Snapshot of `epoch` over the volume's chunks (opened read-only).
+    pub fn new(chunks: ReplicatedChunks, epoch: u32) -> SnapshotChunks {
+        SnapshotChunks {
+            chunks,
+            epoch,
+            known: Mutex::default(),
+        }
+    }
+
+    async fn learn(&self, index: u64) -> Result<Arc<Known>, IoError> {
+        let version = self.chunks.current_version(index).await?;
+        // Deltas allocated since the map was read.
+        self.chunks.refresh().await;
+        let mut deltas = Vec::new();
+        for epoch in self.chunks.delta_epochs(index, self.epoch) {
+            let extents = self.chunks.extents(delta_index(epoch, index)).await?;
+            deltas.push((epoch, Blocks::from_extents(&extents)));
+        }
+        let known = Arc::new(Known { version, deltas });
+        self.known.lock().unwrap().insert(index, known.clone());
+        Ok(known)
+    }
+
+    /// The runs of `offset..offset + length` by where they come from.
+    fn plan(known: &Known, offset: u64, length: u64) -> Vec<(Source, u64, u64)> {
+        let mut runs: Vec<(Source, u64, u64)> = Vec::new();
+        let end = offset + length;
+        let mut at = offset;
+        while at < end {
+            let block = at / SNAPSHOT_BLOCK_BYTES;
+            let next = ((block + 1) * SNAPSHOT_BLOCK_BYTES).min(end);
+            let source = known
+                .deltas
+                .iter()
+                .find(|(_, blocks)| blocks.contains(block))
+                .map_or(Source::Live, |(epoch, _)| Source::Delta(*epoch));
+            match runs.last_mut() {
+                Some((s, _, len)) if *s == source => *len += next - at,
+                _ => runs.push((source, at, next - at)),
+            }
+            at = next;
+        }
+        runs
+    }
+
+    /// Reads the runs as of `known`; `None` if the live chunk moved past it.
+    async fn read_as_of(
+        &self,
+        known: &Known,
+        index: u64,
+        offset: u64,
+        length: u32,
+    ) -> Result<Option<Bytes>, IoError> {
+        let mut out = BytesMut::with_capacity(length as usize);
+        for (source, at, len) in SnapshotChunks::plan(known, offset, length as u64) {
+            let data = match source {
+                // Delta blocks are written once and never change.
+                Source::Delta(epoch) => {
+                    let delta = delta_index(epoch, index);
+                    self.chunks.read(delta, at, len as u32).await?
+                }
+                Source::Live => {
+                    let read = self
+                        .chunks
+                        .read_within(index, at, len as u32, known.version);
+                    match read.await? {
+                        Some(data) => data,
+                        None => return Ok(None),
+                    }
+                }
+            };
+            out.extend_from_slice(&data);
+        }
+        Ok(Some(out.freeze()))
+    }
+}
+
+#[async_trait]
+impl ChunkIo for SnapshotChunks {
+    async fn read(&self, index: u64, offset: u64, length: u32) -> Result<Bytes, IoError> {
+        // Allocated at or after the snapshot's epoch (or not at all): it did not
+        // exist when the snapshot was taken.
+        if self
+            .chunks
+            .born(index)
+            .is_none_or(|born| born >= self.epoch)
+        {
+            return Ok(BytesMut::zeroed(length as usize).freeze());
+        }
+        let deadline = Instant::now() + READ_DEADLINE;
+        let mut known = self.known.lock().unwrap().get(&index).cloned();
+        loop {
+            let current = match known {
+                Some(known) => known,
+                None => self.learn(index).await?,
+            };
+            if let Some(data) = self.read_as_of(&current, index, offset, length).await? {
+                return Ok(data);
+            }
+            if Instant::now() > deadline {
+                return Err(IoError::Io(format!(
+                    "chunk {index}: the volume's writes kept moving past this snapshot \
+                     reader for {READ_DEADLINE:?}"
+                )));
+            }
+            known = None;
+        }
+    }
+
+    async fn write(&self, _: u64, _: u64, _: Bytes, _: bool) -> Result<(), IoError> {
+        Err(IoError::ReadOnly)
+    }
+
+    async fn zero(&self, _: u64, _: u64, _: u64, _: bool) -> Result<(), IoError> {
+        Err(IoError::ReadOnly)
+    }
+
+    async fn flush(&self) -> Result<(), IoError> {
+        Ok(())
+    }
+
+    fn is_allocated(&self, index: u64) -> bool {
+        self.chunks
+            .born(index)
+            .is_some_and(|born| born < self.epoch)
+    }
+}

@@ -1,0 +1,332 @@
+//! Snapshots (see `floe_protocol::snapshot`): create, confirm, delete, and freeing the
+//! delta chunks no snapshot reads any more.
+//!
+//! Creating a snapshot hands out the volume's next epoch. While a writer holds the
+//! volume's lease the snapshot is *pending* until that writer has switched to the
+//! epoch (it learns it with its next renewal, waits for its older writes to end, and
+//! confirms): only then does the snapshot stop changing, and it can be read.
+
+use crate::lease::LEASE_DRIFT_MARGIN;
+use crate::state::{chunk_key, State};
+use crate::{Failure, Master, Reply};
+use floe_metadata::Op;
+use floe_protocol::snapshot::Parent;
+use floe_protocol::snapshot::{check_snapshot_name, split_index, SNAPSHOT_EPOCH_MAX};
+use floe_protocol::{
+    ChunkId, MasterResponse, ReplicaRequest, Snapshot, SnapshotEpochs, Status, Volume, VolumeSpec,
+    WriteMode,
+};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long creating a snapshot waits for the volume's writer to switch epochs.
+const CONFIRM_WAIT: Duration = Duration::from_secs(10);
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl State {
+    /// The generation of the volume's lease while it is alive.
+    pub(crate) fn live_lease(&self, volume_id: u64) -> Option<u32> {
+        let lease = self.leases.get(&volume_id)?;
+        let expires = lease.expires?;
+        (expires + LEASE_DRIFT_MARGIN > Instant::now()).then_some(lease.generation)
+    }
+
+    /// What the volume's writer stamps and preserves.
+    pub(crate) fn snapshot_epochs(volume: &Volume) -> SnapshotEpochs {
+        SnapshotEpochs {
+            epoch: volume.snapshot_epoch,
+            preserving: !volume.snapshots.is_empty(),
+        }
+    }
+
+    fn snapshot_of<'a>(volume: &'a Volume, snapshot: &str) -> Result<&'a Snapshot, Failure> {
+        volume
+            .snapshots
+            .iter()
+            .find(|s| s.name == snapshot)
+            .ok_or_else(|| {
+                (
+                    Status::NotFound,
+                    format!("volume {} has no snapshot {snapshot:?}", volume.spec.name),
+                )
+            })
+    }
+
+    /// Snapshot `snapshot` of volume `name`, ready to read: a pending one whose
+    /// writer is gone (released or ran out) no longer changes either.
+    pub(crate) fn readable_snapshot(
+        &self,
+        name: &str,
+        snapshot: &str,
+    ) -> Result<Snapshot, Failure> {
+        let volume = self.volume(name)?;
+        let found = State::snapshot_of(&volume, snapshot)?;
+        if !found.ready && self.live_lease(volume.id).is_some() {
+            return Err((
+                Status::Busy,
+                format!(
+                    "snapshot {name}@{snapshot} is not taken yet: the gateway writing the \
+                     volume has not switched to it"
+                ),
+            ));
+        }
+        Ok(found.clone())
+    }
+
+    /// Delta chunks no snapshot reads: those of epochs below the oldest snapshot (a
+    /// reader of snapshot `s` reads epochs `s` and up), all of them once none is
+    /// left, but none a live writer may still preserve into: from the epoch it last
+    /// confirmed on (all, if it confirmed none since this master started).
+    fn unread_deltas(&self, volume: &Volume) -> Vec<u64> {
+        let oldest = volume.snapshots.iter().map(|s| s.epoch).min();
+        let writing = self
+            .live_lease(volume.id)
+            .map(|_| self.writer_epochs.get(&volume.id).copied().unwrap_or(0));
+        let Some(chunks) = self.chunks.get(&volume.id) else {
+            return Vec::new();
+        };
+        chunks
+            .keys()
+            .copied()
+            .filter(|index| {
+                let (epoch, _) = split_index(*index);
+                epoch > 0 && oldest.is_none_or(|o| epoch < o) && writing.is_none_or(|w| epoch < w)
+            })
+            .collect()
+    }
+}
+
+impl State {
+    /// A volume reading through to a snapshot of `volume` (`snapshot`, or any).
+    pub(crate) fn clone_of(&self, volume: &str, snapshot: Option<&str>) -> Option<String> {
+        self.volumes.values().find_map(|v| {
+            let parent = v.parent.as_ref()?;
+            let uses = parent.volume == volume && snapshot.is_none_or(|s| s == parent.snapshot);
+            uses.then(|| v.spec.name.clone())
+        })
+    }
+}
+
+impl Master {
+    /// A clone: a new volume of the snapshot's size and the parent's layout (it reads
+    /// through chunk by chunk), writable at once, that copies nothing up front.
+    pub(crate) async fn clone_volume(&self, name: &str, snapshot: &str, clone: &str) -> Reply {
+        let (spec, parent) = {
+            let state = self.state();
+            let volume = state.volume(name)?;
+            let taken = state.readable_snapshot(name, snapshot)?;
+            let spec = VolumeSpec {
+                name: clone.to_string(),
+                size_bytes: taken.size_bytes,
+                ..volume.spec.clone()
+            };
+            let parent = Parent {
+                volume: name.to_string(),
+                snapshot: snapshot.to_string(),
+                epoch: taken.epoch,
+            };
+            (spec, parent)
+        };
+        self.create_volume_of(spec, Some(parent)).await
+    }
+
+    pub(crate) async fn create_snapshot(&self, name: &str, snapshot: &str) -> Reply {
+        check_snapshot_name(snapshot).map_err(|e| (Status::BadRequest, e))?;
+        let volume = self
+            .put_volume(|state| {
+                let mut volume = state.volume(name)?;
+                if let Some(parent) = &volume.parent {
+                    return Err((
+                        Status::BadRequest,
+                        format!(
+                            "volume {name} is a clone of {}@{}: snapshots of clones are not \
+                             supported yet",
+                            parent.volume, parent.snapshot
+                        ),
+                    ));
+                }
+                if volume.spec.write_mode == WriteMode::LogCommit {
+                    return Err((
+                        Status::BadRequest,
+                        format!(
+                            "volume {name} is a log-commit volume: its chunks hold a log, \
+                             and snapshots of it are not supported"
+                        ),
+                    ));
+                }
+                if volume.snapshots.iter().any(|s| s.name == snapshot) {
+                    return Err((
+                        Status::AlreadyExists,
+                        format!("snapshot {name}@{snapshot} already exists"),
+                    ));
+                }
+                if volume.snapshot_epoch >= SNAPSHOT_EPOCH_MAX {
+                    return Err((
+                        Status::NoSpace,
+                        format!("volume {name} used up its {SNAPSHOT_EPOCH_MAX} snapshot epochs"),
+                    ));
+                }
+                volume.snapshot_epoch += 1;
+                volume.snapshots.push(Snapshot {
+                    name: snapshot.to_string(),
+                    epoch: volume.snapshot_epoch,
+                    created_ms: now_ms(),
+                    size_bytes: volume.spec.size_bytes,
+                    ready: state.live_lease(volume.id).is_none(),
+                });
+                Ok(volume)
+            })
+            .await?;
+        tracing::info!(volume = %name, snapshot, epoch = volume.snapshot_epoch, "snapshot created");
+        self.snapshots_changed.notify_waiters();
+        // The epoch before may hold deltas no snapshot reads (all were deleted).
+        self.free_unread_deltas(&volume).await;
+        let deadline = Instant::now() + CONFIRM_WAIT;
+        loop {
+            let confirmed = self.snapshot_confirmed.notified();
+            match self.state().readable_snapshot(name, snapshot) {
+                Ok(taken) => return Ok(MasterResponse::Snapshot(taken)),
+                Err((Status::Busy, message)) if Instant::now() < deadline => {
+                    tracing::debug!("{message}");
+                }
+                Err(e) => return Err(e),
+            }
+            let _ = tokio::time::timeout_at(deadline, confirmed).await;
+        }
+    }
+
+    /// The volume's snapshot epochs once they differ from `known`, or after `wait`.
+    pub(crate) async fn watch_snapshot_epochs(
+        &self,
+        name: &str,
+        generation: u32,
+        known: SnapshotEpochs,
+        wait: Duration,
+    ) -> Reply {
+        let deadline = Instant::now() + wait;
+        loop {
+            let changed = self.snapshots_changed.notified();
+            let now = {
+                let state = self.state();
+                let volume = state.volume(name)?;
+                if state.leases.get(&volume.id).map(|l| l.generation) != Some(generation) {
+                    return Err((
+                        Status::Fenced,
+                        format!("the lease of volume {name} (generation {generation}) was lost"),
+                    ));
+                }
+                State::snapshot_epochs(&volume)
+            };
+            if now != known || tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Ok(MasterResponse::SnapshotEpochs(now));
+            }
+        }
+    }
+
+    /// The writer of lease `generation` stamps `epoch`: every snapshot up to it is
+    /// taken.
+    pub(crate) async fn confirm_snapshot_epoch(
+        &self,
+        name: &str,
+        generation: u32,
+        epoch: u32,
+    ) -> Reply {
+        let volume = self
+            .put_volume(|state| {
+                let mut volume = state.volume(name)?;
+                if state.leases.get(&volume.id).map(|l| l.generation) != Some(generation) {
+                    return Err((
+                        Status::Fenced,
+                        format!("the lease of volume {name} (generation {generation}) was lost"),
+                    ));
+                }
+                if epoch > volume.snapshot_epoch {
+                    return Err((
+                        Status::BadRequest,
+                        format!(
+                        "epoch {epoch} of volume {name} was never handed out (the newest is {})",
+                        volume.snapshot_epoch
+                    ),
+                    ));
+                }
+                for snapshot in &mut volume.snapshots {
+                    snapshot.ready |= snapshot.epoch <= epoch;
+                }
+                Ok(volume)
+            })
+            .await?;
+        self.state().writer_epochs.insert(volume.id, epoch);
+        self.snapshot_confirmed.notify_waiters();
+        Ok(MasterResponse::Done)
+    }
+
+    pub(crate) async fn delete_snapshot(&self, name: &str, snapshot: &str) -> Reply {
+        let volume = self
+            .put_volume(|state| {
+                let mut volume = state.volume(name)?;
+                State::snapshot_of(&volume, snapshot)?;
+                if let Some(clone) = state.clone_of(name, Some(snapshot)) {
+                    return Err((
+                        Status::Busy,
+                        format!("snapshot {name}@{snapshot} is the parent of clone {clone}"),
+                    ));
+                }
+                volume.snapshots.retain(|s| s.name != snapshot);
+                Ok(volume)
+            })
+            .await?;
+        tracing::info!(volume = %name, snapshot, "snapshot deleted");
+        self.snapshots_changed.notify_waiters();
+        self.free_unread_deltas(&volume).await;
+        Ok(MasterResponse::Done)
+    }
+
+    /// Frees the delta chunks no snapshot of `volume` reads: each replica drops its
+    /// data, then the chunk is forgotten. A replica that does not answer keeps its
+    /// copy (freed when the volume is deleted).
+    pub(crate) async fn free_unread_deltas(&self, volume: &Volume) {
+        let unread = {
+            let state = self.state();
+            let unread = state.unread_deltas(volume);
+            unread
+                .into_iter()
+                .filter_map(|index| {
+                    let placement = state.placement(volume.id, index)?;
+                    Some((placement.clone(), state.servers_of(&placement)))
+                })
+                .collect::<Vec<_>>()
+        };
+        for (placement, servers) in unread {
+            let chunk = ChunkId {
+                volume_id: volume.id,
+                index: placement.index,
+            };
+            for server in &servers {
+                let request = ReplicaRequest::DropChunk {
+                    chunk,
+                    view: placement.view + 1,
+                };
+                if let Err(e) = self.ask(&server.address, request).await {
+                    tracing::warn!(?chunk, server = server.id, "delta chunk not freed: {e}");
+                }
+            }
+            let forgotten = self
+                .change(
+                    |_| {
+                        let key = chunk_key(volume.id, placement.index);
+                        Ok((vec![Op::Delete { key }], ()))
+                    },
+                    |state, ()| state.remove_placement(volume.id, placement.index),
+                )
+                .await;
+            if let Err(e) = forgotten {
+                tracing::warn!(?chunk, "delta chunk freed but not forgotten: {e:?}");
+            }
+        }
+    }
+}

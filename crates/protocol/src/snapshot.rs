@@ -1,0 +1,109 @@
+//! Snapshots as every process sees them (the layers are `floe_client::snapshot`).
+//!
+//! A volume's writer stamps each write with the volume's snapshot *epoch*: the epoch
+//! of the newest snapshot taken (0: none yet). Snapshot `s` is the volume as it was
+//! after every write of an epoch below `s`. The first write of epoch `t` over a block
+//! of chunk `i` first copies the block as it was into the *delta chunk*
+//! [`delta_index`]`(t, i)`, an ordinary chunk of the same volume (replicated,
+//! repaired, moved and scrubbed like any other, and placed with chunk `i`). A reader
+//! of snapshot `s` takes each block from the delta of the lowest epoch `t >= s` that
+//! holds it, else from the live chunk.
+
+use serde::{Deserialize, Serialize};
+
+/// Delta chunks keep the epoch in the bits from here up, the live chunk's index below.
+pub const SNAPSHOT_TAG_SHIFT: u32 = 40;
+/// The highest snapshot epoch: delta indexes stay below [`crate::CHUNK_INDEX_LIMIT`].
+pub const SNAPSHOT_EPOCH_MAX: u32 = (1 << (62 - SNAPSHOT_TAG_SHIFT)) - 1;
+/// Blocks are preserved whole, at this size.
+pub const SNAPSHOT_BLOCK_BYTES: u64 = 4096;
+
+/// The delta chunk of live chunk `index` for snapshot epoch `epoch`.
+pub fn delta_index(epoch: u32, index: u64) -> u64 {
+    assert!(
+        (1..=SNAPSHOT_EPOCH_MAX).contains(&epoch) && index < 1 << SNAPSHOT_TAG_SHIFT,
+        "delta of chunk {index} at epoch {epoch}"
+    );
+    (epoch as u64) << SNAPSHOT_TAG_SHIFT | index
+}
+
+/// (epoch, live chunk index) of a chunk index; epoch 0 for a live chunk.
+pub fn split_index(index: u64) -> (u32, u64) {
+    (
+        (index >> SNAPSHOT_TAG_SHIFT) as u32,
+        index & ((1 << SNAPSHOT_TAG_SHIFT) - 1),
+    )
+}
+
+/// One snapshot of a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub name: String,
+    pub epoch: u32,
+    /// Milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    /// The volume's size when it was taken.
+    pub size_bytes: u64,
+    /// The writer holding the volume's lease switched to this epoch (or none held
+    /// it): the snapshot no longer changes, and can be read.
+    pub ready: bool,
+}
+
+/// The snapshot a clone reads through to where it has not written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parent {
+    pub volume: String,
+    pub snapshot: String,
+    pub epoch: u32,
+}
+
+/// What a volume's writer needs to know of its snapshots, with each lease grant and
+/// renewal.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotEpochs {
+    /// The epoch to stamp writes with.
+    pub epoch: u32,
+    /// Some snapshot exists: overwritten blocks are preserved (none when every
+    /// snapshot was deleted).
+    pub preserving: bool,
+}
+
+/// Checks a snapshot name (the part after `@` in `VOLUME@SNAPSHOT`).
+pub fn check_snapshot_name(name: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    if name.is_empty() || name.len() > 128 || !name.chars().all(allowed) {
+        return Err(format!(
+            "snapshot name {name:?} must be 1-128 characters of letters, digits, '-', '_' or '.'"
+        ));
+    }
+    Ok(())
+}
+
+/// Splits `VOLUME@SNAPSHOT`; `None` for a plain volume name.
+pub fn split_snapshot(name: &str) -> Option<(&str, &str)> {
+    name.split_once('@')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delta_indexes_split_back_and_stay_on_the_wire() {
+        let index = delta_index(SNAPSHOT_EPOCH_MAX, (1 << SNAPSHOT_TAG_SHIFT) - 1);
+        assert!(index < crate::CHUNK_INDEX_LIMIT);
+        assert_eq!(
+            split_index(index),
+            (SNAPSHOT_EPOCH_MAX, (1 << SNAPSHOT_TAG_SHIFT) - 1)
+        );
+        assert_eq!(split_index(7), (0, 7));
+    }
+
+    #[test]
+    fn snapshot_names_refuse_separators() {
+        assert!(check_snapshot_name("nightly-1.a_b").is_ok());
+        for bad in ["", "a@b", "a/b", "a b", &"x".repeat(129)] {
+            assert!(check_snapshot_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
