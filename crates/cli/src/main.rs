@@ -4,6 +4,7 @@ mod admin;
 mod cluster;
 mod demo;
 mod placement;
+mod progress;
 mod size;
 mod snapshot;
 
@@ -237,6 +238,15 @@ enum VolumeCommand {
     Clone {
         source: String,
         name: String,
+    },
+    /// Copy every block clone NAME still reads from its parent snapshot into the
+    /// clone, then detach it (the snapshot can then be deleted). Refused while a
+    /// gateway has the clone open.
+    Flatten {
+        name: String,
+        /// Copy rate, e.g. 100M (0: unlimited).
+        #[arg(long, default_value = "100M", value_parser = size::parse)]
+        rate: u64,
     },
     /// Write the volume back to its snapshot VOLUME@SNAPSHOT (only what changed since;
     /// newer snapshots are kept). Refused while a gateway has the volume open.
@@ -503,6 +513,9 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 admin::set_qos(&master, &name, qos.iops, qos.bandwidth).await
             }
             VolumeCommand::Clone { source, name } => snapshot::clone(&master, &source, &name).await,
+            VolumeCommand::Flatten { name, rate } => {
+                snapshot::flatten(&cli.master, &name, rate).await
+            }
             VolumeCommand::Rollback { target } => snapshot::rollback(&cli.master, &target).await,
             VolumeCommand::Diff { since, until, json } => {
                 snapshot::diff(&cli.master, &since, until.as_deref(), json).await

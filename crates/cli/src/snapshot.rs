@@ -1,5 +1,6 @@
 //! `floe snapshot create|list|delete`.
 
+use crate::progress::Progress;
 use clap::Subcommand;
 use floe_client::master::MasterClient;
 use floe_protocol::snapshot::split_snapshot;
@@ -137,29 +138,15 @@ pub async fn diff(
 pub async fn rollback(master: &str, text: &str) -> Result<(), String> {
     let (volume, snapshot) = target(text)?;
     let master = std::sync::Arc::new(MasterClient::new(master));
-    let started = std::time::Instant::now();
-    let mut shown = started;
-    let progress = |done: u64, total: u64| {
-        if shown.elapsed() < Duration::from_secs(1) {
-            return;
-        }
-        shown = std::time::Instant::now();
-        let rate = done as f64 / started.elapsed().as_secs_f64();
-        let eta = (total - done) as f64 / rate.max(1.0);
-        eprintln!(
-            "rolling back {volume} to {text}: {} of {} ({}/s, ETA {eta:.0} s)",
-            crate::size::format(done),
-            crate::size::format(total),
-            crate::size::format(rate as u64)
-        );
-    };
+    let mut shown = Progress::new(format!("rolling back {volume} to {text}"));
+    let progress = |done: u64, total: u64| shown.bytes(done, total, "");
     let rewritten = floe_client::snapshot::rollback::rollback(master, volume, snapshot, progress)
         .await
         .map_err(|e| format!("cannot roll {volume} back to {text}: {e}"))?;
     println!(
         "rolled {volume} back to {text}: {} rewritten in {:.1} s",
         crate::size::format(rewritten),
-        started.elapsed().as_secs_f64()
+        shown.elapsed().as_secs_f64()
     );
     Ok(())
 }
@@ -177,5 +164,25 @@ pub async fn clone(master: &MasterClient, source: &str, name: &str) -> Result<()
         .await
         .map_err(|e| format!("cannot clone {source} as {name}: {e}"))?;
     println!("volume {name} created, a clone of {source}");
+    Ok(())
+}
+
+/// `floe volume flatten CLONE`, with progress, rate and ETA each second.
+pub async fn flatten(master: &str, name: &str, rate: u64) -> Result<(), String> {
+    let master = std::sync::Arc::new(MasterClient::new(master));
+    let mut shown = Progress::new(format!("flattening {name}"));
+    let progress = |p: floe_client::snapshot::flatten::Progress| {
+        let copied = format!(", {} copied", crate::size::format(p.copied));
+        shown.bytes(p.scanned, p.total, &copied)
+    };
+    let copied = floe_client::snapshot::flatten::flatten(master, name, rate, progress)
+        .await
+        .map_err(|e| format!("cannot flatten {name}: {e}"))?;
+    println!(
+        "flattened {name}: {} copied from its parent in {:.1} s; it no longer reads \
+         through",
+        crate::size::format(copied),
+        shown.elapsed().as_secs_f64()
+    );
     Ok(())
 }

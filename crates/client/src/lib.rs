@@ -179,7 +179,7 @@ pub async fn open_snapshot(
 }
 
 /// The chunks of a clone's parent snapshot.
-async fn snapshot_chunks(
+pub(crate) async fn snapshot_chunks(
     master: Arc<master::MasterClient>,
     parent: &floe_protocol::snapshot::Parent,
 ) -> Result<snapshot::SnapshotChunks, String> {

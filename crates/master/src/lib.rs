@@ -19,6 +19,7 @@
 //! the store.
 
 mod chunks;
+mod clones;
 mod lease;
 mod map;
 mod membership;
@@ -218,6 +219,7 @@ impl Master {
                 snapshot,
                 clone,
             } => self.clone_volume(&name, &snapshot, &clone).await,
+            R::FlattenVolume { name, generation } => self.flatten_volume(&name, generation).await,
             R::WatchSnapshotEpochs {
                 name,
                 generation,

@@ -10,11 +10,9 @@ use crate::lease::LEASE_DRIFT_MARGIN;
 use crate::state::{chunk_key, State};
 use crate::{Failure, Master, Reply};
 use floe_metadata::Op;
-use floe_protocol::snapshot::Parent;
 use floe_protocol::snapshot::{check_snapshot_name, split_index, SNAPSHOT_EPOCH_MAX};
 use floe_protocol::{
-    ChunkId, MasterResponse, ReplicaRequest, Snapshot, SnapshotEpochs, Status, Volume, VolumeSpec,
-    WriteMode,
+    ChunkId, MasterResponse, ReplicaRequest, Snapshot, SnapshotEpochs, Status, Volume, WriteMode,
 };
 use std::time::Duration;
 use tokio::time::Instant;
@@ -101,40 +99,7 @@ impl State {
     }
 }
 
-impl State {
-    /// A volume reading through to a snapshot of `volume` (`snapshot`, or any).
-    pub(crate) fn clone_of(&self, volume: &str, snapshot: Option<&str>) -> Option<String> {
-        self.volumes.values().find_map(|v| {
-            let parent = v.parent.as_ref()?;
-            let uses = parent.volume == volume && snapshot.is_none_or(|s| s == parent.snapshot);
-            uses.then(|| v.spec.name.clone())
-        })
-    }
-}
-
 impl Master {
-    /// A clone: a new volume of the snapshot's size and the parent's layout (it reads
-    /// through chunk by chunk), writable at once, that copies nothing up front.
-    pub(crate) async fn clone_volume(&self, name: &str, snapshot: &str, clone: &str) -> Reply {
-        let (spec, parent) = {
-            let state = self.state();
-            let volume = state.volume(name)?;
-            let taken = state.readable_snapshot(name, snapshot)?;
-            let spec = VolumeSpec {
-                name: clone.to_string(),
-                size_bytes: taken.size_bytes,
-                ..volume.spec.clone()
-            };
-            let parent = Parent {
-                volume: name.to_string(),
-                snapshot: snapshot.to_string(),
-                epoch: taken.epoch,
-            };
-            (spec, parent)
-        };
-        self.create_volume_of(spec, Some(parent)).await
-    }
-
     pub(crate) async fn create_snapshot(&self, name: &str, snapshot: &str) -> Reply {
         check_snapshot_name(snapshot).map_err(|e| (Status::BadRequest, e))?;
         let volume = self

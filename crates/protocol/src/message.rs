@@ -248,6 +248,12 @@ pub enum MasterRequest {
         generation: u32,
         epoch: u32,
     },
+    /// Clone `name` no longer reads through to its parent: the holder of its lease
+    /// `generation` copied every block it still read from there.
+    FlattenVolume {
+        name: String,
+        generation: u32,
+    },
 }
 
 /// The control requests a chunk server serves about its replicas, from the master,

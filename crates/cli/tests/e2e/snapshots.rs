@@ -6,7 +6,8 @@
 //! snapshot reads the same across a kill -9 of the writing gateway. An
 //! incremental backup (scripts/copy-changed.py over floe:changed-since) copies only
 //! what changed; a rollback is refused while the volume is open, then brings the
-//! snapshot back and leaves newer snapshots as they were.
+//! snapshot back and leaves newer snapshots as they were. A clone reads its parent
+//! snapshot, diverges, and once flattened reads the same without it.
 
 use crate::cluster::{ok, output, random_file, Cluster, TestDir};
 use crate::fio_job::{assert_clean, FioJob, Verify};
@@ -245,16 +246,7 @@ fn an_incremental_backup_copies_only_what_changed_and_a_rollback_brings_the_snap
     assert_eq!(now["changed_bytes"].as_u64(), Some(copied), "{now}");
 
     // Rollback: refused while a client has the volume open, then back to A.
-    let mut holder = Command::new("/usr/bin/python3")
-        .args(["-c", HOLD_OPEN, &uri])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(holder.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "open");
+    let mut holder = hold_open(&uri);
     let refused = floe_output(&cluster, &["volume", "rollback", "demo@monday"]);
     holder.kill().unwrap();
     holder.wait().unwrap();
@@ -280,13 +272,26 @@ fn an_incremental_backup_copies_only_what_changed_and_a_rollback_brings_the_snap
     assert!(same(&backup, &tuesday), "tuesday changed with the rollback");
 }
 
-/// Opens an NBD export (argv[1]), reads from it, says "open" and holds it.
-const HOLD_OPEN: &str = "import nbd, sys, time
+/// A client holding export `uri` open (kill it to close).
+fn hold_open(uri: &str) -> std::process::Child {
+    const HOLD_OPEN: &str = "import nbd, sys, time
 h = nbd.NBD()
 h.connect_uri(sys.argv[1])
 h.pread(4096, 0)
 print('open', flush=True)
 time.sleep(120)";
+    let mut holder = Command::new("/usr/bin/python3")
+        .args(["-c", HOLD_OPEN, uri])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "open");
+    holder
+}
 
 #[test]
 fn a_clone_reads_its_parent_snapshot_and_diverges_from_it() {
@@ -374,8 +379,36 @@ fn a_clone_reads_its_parent_snapshot_and_diverges_from_it() {
             text(&out)
         );
     }
-    cluster.floe(&["volume", "delete", "vm2"]);
+
+    // Flatten: refused while the clone is open; then the clone reads the same without
+    // its parent, and the parent snapshot can go.
+    let before = work.path().join("vm2.raw");
+    copy(&vm2, &before);
+    let mut holder = hold_open(&vm2);
+    let refused = floe_output(&cluster, &["volume", "flatten", "vm2"]);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(
+        !refused.status.success() && text(&refused).contains("needs the volume closed"),
+        "{}",
+        text(&refused)
+    );
+    let flattened = cluster.floe(&["volume", "flatten", "vm2", "--rate", "0"]);
+    assert!(flattened.contains("flattened vm2"), "{flattened}");
+    let info = cluster.floe(&["volume", "info", "vm2"]);
+    assert!(!info.contains("clone of"), "{info}");
     cluster.floe(&["snapshot", "delete", "demo@base"]);
+    assert!(
+        same(&before, &vm2),
+        "the flattened clone reads differently once its parent snapshot is gone"
+    );
+    let again = floe_output(&cluster, &["volume", "flatten", "vm2"]);
+    assert!(
+        !again.status.success() && text(&again).contains("not a clone"),
+        "{}",
+        text(&again)
+    );
+    cluster.floe(&["volume", "delete", "vm2"]);
 }
 
 /// The bytes of `qemu-io -c "read -v ..."` output (offset: 16 hex bytes  text).

@@ -13,10 +13,12 @@
 //! - [`read_through`]: a clone's chunk layer: its own blocks, else the parent
 //!   snapshot's.
 //! - [`rollback`]: a volume written back to a snapshot.
+//! - [`flatten`]: a clone made independent of its parent.
 //! - [`blocks`]: which blocks of a delta chunk hold data.
 
 mod blocks;
 pub mod diff;
+pub mod flatten;
 pub mod preserve;
 pub mod read_through;
 pub mod reader;

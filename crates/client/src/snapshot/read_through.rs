@@ -8,6 +8,9 @@
 //! punched hole would read the parent again). The writer knows every block it
 //! wrote; a read-only attach reads the clone's chunk as of the version its blocks
 //! were learned at, and learns again when the writer moved past it.
+//!
+//! `floe volume flatten` copies up what the clone still reads from the parent
+//! ([`flatten`](super::flatten)), after which the master forgets the parent.
 
 use super::blocks::Blocks;
 use super::reader::SnapshotChunks;
@@ -86,30 +89,55 @@ impl ReadThrough {
 
     /// Copies up the parent's blocks under `offset..offset + length` not yet written.
     async fn copy_up(&self, index: u64, offset: u64, length: u64) -> Result<(), IoError> {
+        self.copy_missing(index, offset, length, true).await?;
+        Ok(())
+    }
+
+    /// Copies the parent's blocks under `offset..offset + length` the clone still
+    /// reads from there into the clone's chunk, but for zeroes (read as zeroes once
+    /// the parent is gone); returns the bytes copied. For `floe volume flatten`.
+    pub async fn own(&self, index: u64, offset: u64, length: u64) -> Result<u64, IoError> {
+        self.copy_missing(index, offset, length, false).await
+    }
+
+    /// Whether the parent snapshot holds data in chunk `index`.
+    pub fn parent_holds(&self, index: u64) -> bool {
+        self.parent.is_allocated(index)
+    }
+
+    async fn copy_missing(
+        &self,
+        index: u64,
+        offset: u64,
+        length: u64,
+        with_zeroes: bool,
+    ) -> Result<u64, IoError> {
         let cell = self.cell(index);
         let mut state = cell.lock().await;
         let known = self.learn(index, &mut state, false).await?;
         let blocks =
             offset / SNAPSHOT_BLOCK_BYTES..(offset + length).div_ceil(SNAPSHOT_BLOCK_BYTES);
         let missing = known.blocks.missing(blocks);
-        if missing.is_empty() {
-            return Ok(());
-        }
         let mut blocks = known.blocks.clone();
+        let mut copied = 0;
         for run in missing {
             let (at, bytes) = (
                 run.start * SNAPSHOT_BLOCK_BYTES,
                 (run.end - run.start) * SNAPSHOT_BLOCK_BYTES,
             );
             let old = self.parent.read(index, at, bytes as u32).await?;
+            if !with_zeroes && old.iter().all(|b| *b == 0) {
+                continue;
+            }
             self.chunks.write(index, at, old, false).await?;
+            copied += bytes;
             blocks.insert(run);
             state.known = Some(Arc::new(Known {
                 version: known.version,
                 blocks: blocks.clone(),
             }));
         }
-        Ok(())
+        Ok(copied)
     }
 
     /// Reads as of what is known of the chunk; `None` when a read-only attach finds
