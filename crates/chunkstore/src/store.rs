@@ -477,12 +477,17 @@ impl Store {
     /// disjoint; the rest are holes. Journaled ranges count as data, unsynced writes
     /// only once synced ([`Store::sync`] first for them).
     pub fn extents(&self, chunk: ChunkId) -> Result<Vec<(u64, u64)>, StoreError> {
+        // The journals' ranges first: replay writes a range to the chunk file before it
+        // drops it from the journal index, so a range replayed meanwhile is in the
+        // file's extents taken after. (The other order lost such a range, and a whole
+        // copy built from these extents left it out: replicas differed.)
+        let journaled = self.files.journals.as_ref().map(|j| j.extents(chunk));
         let mut out = match self.files.get(chunk, false)? {
             Some(file) => file.data.extents()?,
             None => Vec::new(),
         };
-        if let Some(journals) = &self.files.journals {
-            out.extend(journals.extents(chunk));
+        if let Some(journaled) = journaled {
+            out.extend(journaled);
             out.sort_unstable();
             let mut joined: Vec<(u64, u64)> = Vec::with_capacity(out.len());
             for (offset, length) in out {
