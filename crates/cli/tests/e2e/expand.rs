@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const NEW_HOSTS: [&str; 3] = ["host-d", "host-e", "host-f"];
-const MOVE_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const MOVE_TIMEOUT: Duration = Duration::from_secs(300);
 /// The master's default move rate (`floe master --move-rate`), one move at a time.
 const MOVE_RATE: f64 = 50.0 * 1024.0 * 1024.0;
 
@@ -103,7 +103,7 @@ fn servers_on(cluster: &Cluster, hosts: &[&str]) -> BTreeSet<u32> {
 }
 
 /// "moves: 3 chunks moved, 192.0 MiB copied, ..." -> (3, bytes).
-fn moves(status: &str) -> (u64, f64) {
+pub(crate) fn moves(status: &str) -> (u64, f64) {
     let line = status
         .lines()
         .find(|l| l.starts_with("moves:"))
@@ -124,11 +124,11 @@ fn moves(status: &str) -> (u64, f64) {
 /// Processes the test starts beside the demo's (the new hosts' chunk servers, a
 /// restarted master), each with the command that starts it again; stopped by PID when
 /// dropped.
-struct Extra(Vec<(Command, Child)>);
+pub(crate) struct Extra(Vec<(Command, Child)>);
 
 impl Extra {
     /// One chunk server per (new host, class).
-    fn new_servers(cluster: &Cluster, dir: &Path) -> Extra {
+    pub(crate) fn new_servers(cluster: &Cluster, dir: &Path) -> Extra {
         let port = free_ports();
         let mut extra = Extra(Vec::new());
         for (i, host) in NEW_HOSTS.iter().enumerate() {
@@ -181,7 +181,7 @@ impl Drop for Extra {
 }
 
 /// Waits for the new servers to register; their ids.
-fn await_new_servers(cluster: &Cluster) -> BTreeSet<u32> {
+pub(crate) fn await_new_servers(cluster: &Cluster) -> BTreeSet<u32> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !cluster
         .floe(&["cluster", "map"])
@@ -243,7 +243,7 @@ fn assert_verifies(cluster: &Cluster, work: &Path) {
     assert_random_and_fill_verify(&random(uri, work), &fill(uri, work));
 }
 
-fn expand_command(cluster: &Cluster) {
+pub(crate) fn expand_command(cluster: &Cluster) {
     let map = cluster.floe(&[
         "cluster", "expand", "--host", "host-d", "--host", "host-e", "--host", "host-f",
     ]);

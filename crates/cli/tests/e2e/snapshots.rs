@@ -9,17 +9,35 @@
 //! snapshot back and leaves newer snapshots as they were. A clone reads its parent
 //! snapshot, diverges, and once flattened reads the same without it.
 
-use crate::cluster::{ok, output, random_file, Cluster, TestDir};
+use crate::cluster::{free_ports, ok, output, random_file, Cluster, TestDir};
+use crate::expand::{await_new_servers, expand_command, moves, Extra, MOVE_TIMEOUT};
 use crate::fio_job::{assert_clean, FioJob, Verify};
 use crate::io_helpers::{floe_output, text};
 use crate::write_modes::Gateway;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const A_BYTES: usize = 64 << 20;
 const VOLUME_BYTES: u64 = 1 << 30;
+
+/// A: random bytes over the volume's first 64 MiB (chunks 0-3 of the demo's layout),
+/// written through `uri`; the file of A, and an image of the whole volume holding A.
+fn write_a(uri: &str, work: &Path) -> (PathBuf, PathBuf) {
+    let a = work.join("a.raw");
+    random_file(&a, A_BYTES);
+    ok(Command::new("nbdcopy").arg(&a).arg(uri));
+    let expected = work.join("expected-a.raw");
+    std::fs::copy(&a, &expected).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&expected)
+        .unwrap()
+        .set_len(VOLUME_BYTES)
+        .unwrap();
+    (a, expected)
+}
 
 /// `qemu-img compare` of an image file with an export; true when identical.
 fn same(image: &Path, uri: &str) -> bool {
@@ -57,18 +75,7 @@ fn a_snapshot_reads_the_volume_as_it_was_while_writes_kills_and_repairs_go_on() 
     let uri = cluster.uri().to_string();
     let snapshot = |name: &str| format!("{uri}@{name}");
 
-    // A: random bytes over the first 64 MiB (chunks 0-3 of the demo's layout).
-    let a = work.path().join("a.raw");
-    random_file(&a, A_BYTES);
-    ok(Command::new("nbdcopy").arg(&a).arg(&uri));
-    let expected = work.path().join("expected-a.raw");
-    std::fs::copy(&a, &expected).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&expected)
-        .unwrap()
-        .set_len(VOLUME_BYTES)
-        .unwrap();
+    let (a, expected) = write_a(&uri, work.path());
 
     // No gateway holds the lease between connections: taken at once.
     let created = cluster.floe(&["snapshot", "create", "demo@one"]);
@@ -191,15 +198,55 @@ fn a_snapshot_reads_the_volume_as_it_was_while_writes_kills_and_repairs_go_on() 
 
 const COPY_CHANGED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/copy-changed.py");
 
+/// Delta chunks move with their live chunks: a CRUSH expansion that moves chunks
+/// while B is written leaves the snapshot reading A, and scrub clean.
+#[test]
+fn a_snapshot_reads_the_same_after_an_expansion_moved_its_chunks() {
+    let dir = TestDir::new();
+    let work = tempfile::tempdir().unwrap();
+    let crush = vec!["--placement".to_string(), "crush".to_string()];
+    let cluster = Cluster::start_with(dir.path(), free_ports(), None, crush);
+    let uri = cluster.uri().to_string();
+    let (_, expected) = write_a(&uri, work.path());
+    cluster.floe(&["snapshot", "create", "demo@before"]);
+
+    let _servers = Extra::new_servers(&cluster, dir.path());
+    await_new_servers(&cluster);
+    let fio = FioJob::random_4k(&uri, work.path(), 13)
+        .size("64M")
+        .runtime(20)
+        .verify(Verify::WriteAndRead)
+        .spawn();
+    std::thread::sleep(Duration::from_secs(3));
+    expand_command(&cluster);
+    cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
+    assert_clean(
+        &fio.wait_with_output().unwrap(),
+        "fio writing B during the expansion",
+    );
+    cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
+    let (moved, bytes) = moves(&cluster.floe(&["status"]));
+    assert!(moved > 0, "the expansion moved no chunk");
+    assert!(
+        same(&expected, &format!("{uri}@before")),
+        "the snapshot differs from A after {moved} chunks moved"
+    );
+    assert!(!same(&expected, &uri), "the volume should hold B, not A");
+    let scrub = cluster.floe(&["scrub", "demo"]);
+    assert!(scrub.contains(" 0 differences"), "{scrub}");
+    eprintln!(
+        "snapshot read A after {moved} chunks ({:.0} MiB) moved under writes; scrub clean",
+        bytes / 1048576.0
+    );
+}
+
 #[test]
 fn an_incremental_backup_copies_only_what_changed_and_a_rollback_brings_the_snapshot_back() {
     let dir = TestDir::new();
     let work = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path());
     let uri = cluster.uri().to_string();
-    let a = work.path().join("a.raw");
-    random_file(&a, A_BYTES);
-    ok(Command::new("nbdcopy").arg(&a).arg(&uri));
+    let (_, expected) = write_a(&uri, work.path());
     cluster.floe(&["snapshot", "create", "demo@monday"]);
     let backup = work.path().join("backup.raw");
     ok(Command::new("nbdcopy")
@@ -257,14 +304,6 @@ fn an_incremental_backup_copies_only_what_changed_and_a_rollback_brings_the_snap
     );
     let rolled = cluster.floe(&["volume", "rollback", "demo@monday"]);
     assert!(rolled.contains("rolled demo back"), "{rolled}");
-    let expected = work.path().join("expected-a.raw");
-    std::fs::copy(&a, &expected).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&expected)
-        .unwrap()
-        .set_len(VOLUME_BYTES)
-        .unwrap();
     assert!(
         same(&expected, &uri),
         "the volume differs from monday after the rollback"
@@ -299,17 +338,7 @@ fn a_clone_reads_its_parent_snapshot_and_diverges_from_it() {
     let work = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path());
     let uri = cluster.uri().to_string();
-    let a = work.path().join("a.raw");
-    random_file(&a, A_BYTES);
-    ok(Command::new("nbdcopy").arg(&a).arg(&uri));
-    let expected = work.path().join("expected-a.raw");
-    std::fs::copy(&a, &expected).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&expected)
-        .unwrap()
-        .set_len(VOLUME_BYTES)
-        .unwrap();
+    let (a, expected) = write_a(&uri, work.path());
     cluster.floe(&["snapshot", "create", "demo@base"]);
     let made = cluster.floe(&["volume", "clone", "demo@base", "vm2"]);
     assert!(made.contains("clone of demo@base"), "{made}");
