@@ -118,6 +118,11 @@ enum Command {
         /// volume may hold in memory before they retire; beyond, writes wait.
         #[arg(long, default_value = "64M", value_parser = size::parse)]
         unretired_limit: u64,
+        /// Stale reads (with --read-only): read each chunk from the replica of least
+        /// cost (ssd before hdd, fewer reads queued), at most this far behind the
+        /// volume, e.g. 2s; reads never go back in time.
+        #[arg(long, requires = "read_only", value_parser = humantime::parse_duration)]
+        staleness: Option<std::time::Duration>,
     },
     /// Manage volumes.
     #[command(subcommand)]
@@ -469,11 +474,13 @@ async fn execute(cli: Cli) -> Result<(), String> {
             listen,
             read_only,
             unretired_limit,
+            staleness,
         } => {
             let listener = bind(&listen).await?;
             let options = floe_gateway::Options {
                 read_only,
                 unretired_limit,
+                staleness,
             };
             floe_gateway::run(listener, &cli.master, options, stop_signal()).await;
             Ok(())

@@ -13,11 +13,13 @@
 //!   checkpoints and roll-forward in the volume's chunks.
 //! - [`snapshot`]: snapshots: the writer's copy-on-write into delta chunks, and a
 //!   snapshot's read-only chunk layer.
+//! - [`stale`]: stale reads (Yogurt): a read-only attach reading each chunk from the
+//!   replica of least cost, within a staleness bound.
 //! - [`draining`]: counts the layers (flush-epoch, log-commit) still retiring
 //!   acknowledged writes after they were dropped.
 //!
 //! [`open_volume`] composes them for a volume name: [flush-epoch | log-commit ->] qos
-//! -> stripe -> [preserve ->] replicated; [`open_snapshot`] a snapshot's: stripe ->
+//! -> stripe -> [preserve | stale ->] replicated; [`open_snapshot`] a snapshot's: stripe ->
 //! snapshot reader -> replicated.
 pub mod draining;
 pub mod flush_epoch;
@@ -27,6 +29,7 @@ pub mod master;
 pub mod qos;
 pub mod replicated;
 pub mod snapshot;
+pub mod stale;
 pub mod stripe;
 
 use floe_blockdev::BlockDevice;
@@ -47,6 +50,9 @@ pub enum Access<'a> {
     },
     /// Read-only: no lease, writes fail.
     Read,
+    /// Read-only, each chunk from the replica of least cost, at most `staleness`
+    /// behind the volume ([`stale`]).
+    Stale { staleness: std::time::Duration },
 }
 
 /// Opens `name` through the master at `master` as a block device.
@@ -60,14 +66,14 @@ pub async fn open_volume(
         Access::Write {
             unretired_limit, ..
         } => (true, unretired_limit),
-        Access::Read => (false, UNRETIRED_LIMIT_DEFAULT),
+        Access::Read | Access::Stale { .. } => (false, UNRETIRED_LIMIT_DEFAULT),
     };
     let lease = match access {
         Access::Write { holder, .. } => {
             draining::drained_volume(name).await;
             Some(lease::Lease::acquire_waiting(master.clone(), name, holder).await?)
         }
-        Access::Read => None,
+        Access::Read | Access::Stale { .. } => None,
     };
     // Without a lease there are no renewals: a read-only attach keeps the operator's
     // limits as of its opening.
@@ -114,7 +120,15 @@ pub async fn open_volume(
             let preserving = snapshot::Preserving::new(chunks, epochs, confirm);
             stack(layout, backing, preserving, limits)
         }
-        (None, None) => stack(layout, backing, chunks, limits),
+        (None, None) => match access {
+            Access::Stale { staleness } => stack(
+                layout,
+                backing,
+                stale::StaleReads::new(chunks, staleness),
+                limits,
+            ),
+            _ => stack(layout, backing, chunks, limits),
+        },
     };
     Ok(match write_mode {
         // The replicated layer writes unsynced and syncs at FLUSH.

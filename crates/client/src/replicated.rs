@@ -35,7 +35,7 @@ use floe_placement::cluster::Placer;
 use floe_protocol::connection::CallError;
 use floe_protocol::snapshot::split_index;
 use floe_protocol::{
-    next_version, ChunkId, ChunkPlacement, ClusterMap, ConnectionPool, MasterRequest,
+    next_version, ChunkId, ChunkPlacement, ClusterMap, ConnectionPool, DeviceClass, MasterRequest,
     MasterResponse, Proposal, ReplicaRequest, ReplicaResponse, Request, Response, ServerId,
     ServerInfo, Stamp, Status, VolumeMap, VolumeSpec,
 };
@@ -71,6 +71,36 @@ struct Replicas {
     view: u64,
 }
 
+/// The versions of a chunk's good replicas, as a reader asked them.
+pub struct ReplicaVersions {
+    /// Replicas in the chunk's placement (good or not).
+    pub replicas: usize,
+    /// The good replicas that answered.
+    pub answered: Vec<ReplicaAt>,
+}
+
+impl ReplicaVersions {
+    /// A version no lower than that of any change acknowledged before the replicas
+    /// were asked: the k-th highest answer, where k is how many of those replicas
+    /// every majority of the placement includes. `None` when too few answered.
+    pub fn acknowledged_floor(&self) -> Option<u64> {
+        let majority = self.replicas / 2 + 1;
+        let k = (majority + self.answered.len()).checked_sub(self.replicas)?;
+        let mut versions: Vec<u64> = self.answered.iter().map(|r| r.version).collect();
+        versions.sort_unstable_by(|a, b| b.cmp(a));
+        k.checked_sub(1).and_then(|i| versions.get(i).copied())
+    }
+}
+
+/// One replica's answer.
+#[derive(Debug, Clone)]
+pub struct ReplicaAt {
+    pub id: ServerId,
+    pub address: String,
+    pub class: DeviceClass,
+    pub version: u64,
+}
+
 struct Chunk {
     placement: ChunkPlacement,
     /// Replicas this writer left behind and reported; cleared by a view change.
@@ -95,7 +125,7 @@ pub struct ReplicatedChunks {
     lease: Option<Lease>,
     spec: VolumeSpec,
     chunks: Mutex<HashMap<u64, Chunk>>,
-    servers: Mutex<HashMap<ServerId, String>>,
+    servers: Mutex<HashMap<ServerId, ServerInfo>>,
     /// Servers down or lost when the map was last read: new chunks avoid them.
     unavailable: Mutex<HashSet<ServerId>>,
     /// The cluster map, ready to place; `None` before the first server joined it.
@@ -287,9 +317,9 @@ impl ReplicatedChunks {
                 }
             }
         }
-        let mut addresses = self.servers.lock().unwrap();
+        let mut known = self.servers.lock().unwrap();
         for server in servers {
-            addresses.insert(server.id, server.address);
+            known.insert(server.id, server);
         }
     }
 
@@ -305,7 +335,7 @@ impl ReplicatedChunks {
             .lock()
             .unwrap()
             .get(&id)
-            .cloned()
+            .map(|s| s.address.clone())
             .unwrap_or_default()
     }
 
@@ -570,6 +600,93 @@ impl ReplicatedChunks {
         Ok(chunks.get(&index).map_or(0, |c| c.committed))
     }
 
+    /// For a reader: asks each good replica of chunk `index` its version at once,
+    /// reporting nothing; `None` if the chunk is not allocated. See [`ReplicaVersions`].
+    pub async fn replica_versions(&self, index: u64) -> Option<ReplicaVersions> {
+        let (good, replicas) = {
+            let chunks = self.chunks.lock().unwrap();
+            let chunk = chunks.get(&index)?;
+            let good: Vec<ServerId> = chunk
+                .placement
+                .replicas
+                .iter()
+                .copied()
+                .filter(|id| chunk.good(id))
+                .collect();
+            (good, chunk.placement.replicas.len())
+        };
+        let request = Request::Replica(ReplicaRequest::ChunkInfo {
+            chunk: self.chunk_id(index),
+            generation: 0,
+        });
+        let answers = futures::future::join_all(good.iter().map(|id| {
+            let address = self.address(*id);
+            let request = request.clone();
+            async move {
+                self.pool
+                    .call_within(&address, request, REPLICA_TIMEOUT)
+                    .await
+            }
+        }))
+        .await;
+        let known = self.servers.lock().unwrap();
+        let mut out = ReplicaVersions {
+            replicas,
+            answered: Vec::new(),
+        };
+        for (id, answer) in good.into_iter().zip(answers) {
+            match answer {
+                Ok(Response::Replica(ReplicaResponse::ChunkInfo { version, .. })) => {
+                    let Some(server) = known.get(&id) else {
+                        continue;
+                    };
+                    out.answered.push(ReplicaAt {
+                        id,
+                        address: server.address.clone(),
+                        class: server.class,
+                        version,
+                    });
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if is_transport(&e) {
+                        self.suspects.lock().unwrap().insert(id, Instant::now());
+                    }
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// Reads from the replica at `address` if it holds at least `min_version`.
+    pub async fn read_replica(
+        &self,
+        address: &str,
+        index: u64,
+        offset: u64,
+        length: u32,
+        min_version: u64,
+    ) -> Result<Bytes, CallError> {
+        let request = Request::Read {
+            chunk: self.chunk_id(index),
+            offset,
+            length,
+            min_version,
+            max_version: u64::MAX,
+        };
+        match self
+            .pool
+            .call_within(address, request, REPLICA_TIMEOUT)
+            .await?
+        {
+            Response::Data(data) if data.len() == length as usize => Ok(data),
+            other => Err(CallError::BadReply {
+                address: address.to_string(),
+                reason: format!("{other:?}"),
+            }),
+        }
+    }
+
     /// The ranges of the chunk that hold data, from a good replica holding every
     /// committed change; none if the chunk is not allocated.
     pub async fn extents(&self, index: u64) -> Result<Vec<(u64, u64)>, IoError> {
@@ -704,11 +821,14 @@ impl ReplicatedChunks {
                     return Ok(());
                 }
                 // The master hears of replicas behind before any change of this writer
-                // lands: once one has, nobody else would tell it.
-                for (id, e) in failures {
+                // lands: once one has, nobody else would tell it. A reader reports
+                // nothing: under a writer, replicas a change has not reached yet are
+                // not laggards.
+                let writer = self.lease.is_some();
+                for (id, e) in failures.into_iter().filter(|_| writer) {
                     self.leave_behind(index, id, &e).await;
                 }
-                for (id, version) in versions.iter().filter(|v| v.1 < top) {
+                for (id, version) in versions.iter().filter(|v| writer && v.1 < top) {
                     let why = CallError::Remote {
                         status: Status::Behind,
                         message: format!("holds version {version:#x}, others {top:#x}"),

@@ -17,6 +17,8 @@ struct VolumeExports {
     holder: Option<String>,
     /// Bytes of writes acknowledged early a volume may hold unretired.
     unretired_limit: u64,
+    /// Stale reads' bound (read-only gateways).
+    staleness: Option<std::time::Duration>,
     /// Open volumes; held weakly so a volume closes with its last connection.
     open: Mutex<HashMap<String, Weak<dyn BlockDevice>>>,
 }
@@ -79,7 +81,10 @@ impl Exports for VolumeExports {
                 holder,
                 unretired_limit: self.unretired_limit,
             },
-            None => floe_client::Access::Read,
+            None => match self.staleness {
+                Some(staleness) => floe_client::Access::Stale { staleness },
+                None => floe_client::Access::Read,
+            },
         };
         let device = floe_client::open_volume(self.master.clone(), name, access).await?;
         open.retain(|_, d| d.strong_count() > 0);
@@ -100,6 +105,9 @@ pub struct Options {
     /// Bytes of writes acknowledged early (flush-epoch, log-commit) a volume may hold
     /// unretired; beyond, writes wait.
     pub unretired_limit: u64,
+    /// Read-only exports read each chunk from the replica of least cost, at most this
+    /// far behind the volume (stale reads); `None`: as a writer would.
+    pub staleness: Option<std::time::Duration>,
 }
 
 /// Serves NBD on `listener` for volumes of the master at `master` until `shutdown`.
@@ -114,6 +122,7 @@ pub async fn run(
     let Options {
         read_only,
         unretired_limit,
+        staleness,
     } = options;
     let address = listener
         .local_addr()
@@ -123,9 +132,10 @@ pub async fn run(
         master: Arc::new(MasterClient::new(master)),
         holder: (!read_only).then(|| format!("gateway {address} (pid {})", std::process::id())),
         unretired_limit,
+        staleness,
         open: Mutex::default(),
     });
-    tracing::info!(%address, master, read_only, "gateway serving NBD");
+    tracing::info!(%address, master, read_only, ?staleness, "gateway serving NBD");
     floe_nbd::serve(listener, exports, shutdown).await;
     // Writes acknowledged early (flush-epoch and log-commit volumes) reach the
     // replicas first.

@@ -22,6 +22,7 @@ mod netcut;
 mod qos;
 mod scrub;
 mod snapshots;
+mod stale_reads;
 mod takeover;
 mod write_back;
 mod write_modes;

@@ -191,12 +191,17 @@ pub struct Gateway {
 impl Gateway {
     /// `floe gateway` on a port of its own, logging to `log`; returns once it listens.
     pub fn start(master: &str, log: &Path) -> Gateway {
+        // Below the default: the writer meets back-pressure sooner.
+        Gateway::start_with(master, log, &["--unretired-limit", "16M"])
+    }
+
+    /// [`Gateway::start`] with `args` for `floe gateway`.
+    pub fn start_with(master: &str, log: &Path, args: &[&str]) -> Gateway {
         let listen = format!("127.0.0.1:{}", free_ports());
         let log = std::fs::File::create(log).unwrap();
         let child = Command::new(FLOE)
             .args(["--master", master, "gateway", "--listen", &listen])
-            // Below the default: the writer meets back-pressure sooner.
-            .args(["--unretired-limit", "16M"])
+            .args(args)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

@@ -1,0 +1,232 @@
+//! Stale reads (Yogurt, thesis chapter 5): a read-only attach that reads each chunk
+//! from the replica of least estimated cost instead of the primary, returning data
+//! at most `staleness` old, with monotonic reads.
+//!
+//! Per chunk the layer keeps a *floor* version and the replica it reads from. At
+//! least every `staleness` (and after a failed read) it asks the good replicas their
+//! versions, once the chunk's reads in flight have ended: the floor rises to the
+//! acknowledged floor (no lower than any change acknowledged before the question,
+//! so a read is at most `staleness` behind the volume) and to the version the
+//! replica it read from answers (a replica's versions only grow: nothing read from
+//! it so far is newer). It then takes, among the replicas at or past the floor, the
+//! one of least cost (GetCost: device class times reads in flight there, ties
+//! spread over chunks), and each read asks that replica for at least the floor. So a
+//! read never returns less than an earlier one, across switches of replica too, but
+//! for a change only a replica that died held (never acknowledged).
+//!
+//! A chunk the map shows unallocated reads as zeroes until the map is read again, at
+//! most `staleness` later.
+
+use crate::replicated::{ReplicaAt, ReplicatedChunks};
+use crate::stripe::ChunkIo;
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use floe_blockdev::IoError;
+use floe_protocol::{DeviceClass, ServerId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::RwLock;
+use tokio::time::Instant;
+
+/// How long a read keeps trying replicas before it fails.
+const READ_DEADLINE: Duration = Duration::from_secs(30);
+/// Pause before asking the replicas again when none could serve.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// What a chunk's reads go by.
+struct Reading {
+    /// Every read of the chunk gets at least this version.
+    floor: u64,
+    /// The replica reads go to; `None` until chosen.
+    from: Option<ReplicaAt>,
+    /// When the replicas were last asked.
+    asked_at: Option<Instant>,
+    /// A replica whose read failed: the next choice passes it over if it can.
+    avoid: Option<ServerId>,
+}
+
+pub struct StaleReads {
+    chunks: ReplicatedChunks,
+    staleness: Duration,
+    reading: Mutex<HashMap<u64, Arc<RwLock<Reading>>>>,
+    in_flight: Mutex<HashMap<ServerId, u64>>,
+    /// When the volume map was last read (the first time, just before opening).
+    map_read_at: tokio::sync::Mutex<Instant>,
+}
+
+impl StaleReads {
+    pub fn new(chunks: ReplicatedChunks, staleness: Duration) -> StaleReads {
+        StaleReads {
+            chunks,
+            staleness,
+            reading: Mutex::default(),
+            in_flight: Mutex::default(),
+            map_read_at: tokio::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    fn cell(&self, index: u64) -> Arc<RwLock<Reading>> {
+        let mut reading = self.reading.lock().unwrap();
+        reading
+            .entry(index)
+            .or_insert_with(|| {
+                Arc::new(RwLock::new(Reading {
+                    floor: 0,
+                    from: None,
+                    asked_at: None,
+                    avoid: None,
+                }))
+            })
+            .clone()
+    }
+
+    /// GetCost: an hdd read costs more than an ssd one, and more so with reads
+    /// queued there already.
+    fn cost(&self, replica: &ReplicaAt, index: u64) -> (u64, u64) {
+        let class = match replica.class {
+            DeviceClass::Ssd => 1,
+            DeviceClass::Hdd => 4,
+        };
+        let queued = self
+            .in_flight
+            .lock()
+            .unwrap()
+            .get(&replica.id)
+            .copied()
+            .unwrap_or(0);
+        // Equal costs: chunks spread over the replicas.
+        let spread = (index ^ replica.id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+        (class * (1 + queued), spread)
+    }
+
+    /// Reads the volume map again if it is older than the staleness bound.
+    async fn refresh_map(&self) {
+        let mut read_at = self.map_read_at.lock().await;
+        if read_at.elapsed() >= self.staleness {
+            *read_at = Instant::now();
+            self.chunks.refresh().await;
+        }
+    }
+
+    /// Asks the replicas again (see the module comment); under the chunk's write
+    /// lock, so no read of it is in flight.
+    async fn ask(&self, index: u64, reading: &mut Reading) {
+        let asked_at = Instant::now();
+        let Some(versions) = self.chunks.replica_versions(index).await else {
+            return;
+        };
+        let Some(acknowledged) = versions.acknowledged_floor() else {
+            tracing::warn!(
+                chunk = index,
+                answered = versions.answered.len(),
+                "too few replicas answered to bound staleness"
+            );
+            reading.from = None;
+            return;
+        };
+        let mut floor = reading.floor.max(acknowledged);
+        if let Some(from) = &reading.from {
+            if let Some(now) = versions.answered.iter().find(|r| r.id == from.id) {
+                floor = floor.max(now.version);
+            }
+        }
+        let candidates: Vec<&ReplicaAt> = versions
+            .answered
+            .iter()
+            .filter(|r| r.version >= floor)
+            .collect();
+        let choice = candidates
+            .iter()
+            .filter(|r| Some(r.id) != reading.avoid)
+            .chain(candidates.iter())
+            .min_by_key(|r| self.cost(r, index))
+            .map(|r| (*r).clone());
+        reading.floor = floor;
+        reading.from = choice;
+        reading.asked_at = Some(asked_at);
+    }
+
+    fn due(&self, reading: &Reading) -> bool {
+        reading.from.is_none()
+            || reading
+                .asked_at
+                .is_none_or(|t| t.elapsed() >= self.staleness)
+    }
+}
+
+#[async_trait]
+impl ChunkIo for StaleReads {
+    async fn read(&self, index: u64, offset: u64, length: u32) -> Result<Bytes, IoError> {
+        if !self.chunks.is_allocated(index) {
+            self.refresh_map().await;
+            if !self.chunks.is_allocated(index) {
+                return Ok(BytesMut::zeroed(length as usize).freeze());
+            }
+        }
+        let cell = self.cell(index);
+        let deadline = Instant::now() + READ_DEADLINE;
+        let mut failed = None;
+        // Asked this time round: read even if the bound already passed (0 s).
+        let mut asked = false;
+        loop {
+            {
+                let reading = cell.read().await;
+                let usable = asked || !self.due(&reading);
+                if let (true, Some(from)) = (usable, &reading.from) {
+                    *self.in_flight.lock().unwrap().entry(from.id).or_default() += 1;
+                    let read = self
+                        .chunks
+                        .read_replica(&from.address, index, offset, length, reading.floor)
+                        .await;
+                    *self.in_flight.lock().unwrap().entry(from.id).or_default() -= 1;
+                    match read {
+                        Ok(data) => return Ok(data),
+                        Err(e) => failed = Some((from.id, e.to_string())),
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                let why = failed.map_or("no replica at the floor".into(), |f| f.1);
+                return Err(IoError::Io(format!(
+                    "chunk {index}: stale read failed: {why}"
+                )));
+            }
+            let mut reading = cell.write().await;
+            if let Some((id, why)) = failed.take() {
+                tracing::warn!(
+                    chunk = index,
+                    server = id,
+                    "stale read failed, asking again: {why}"
+                );
+                reading.avoid = Some(id);
+                reading.asked_at = None;
+            }
+            if self.due(&reading) {
+                self.ask(index, &mut reading).await;
+                asked = true;
+                if reading.from.is_none() {
+                    drop(reading);
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    self.chunks.refresh().await;
+                }
+            }
+        }
+    }
+
+    async fn write(&self, index: u64, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
+        self.chunks.write(index, offset, data, fua).await
+    }
+
+    async fn zero(&self, index: u64, offset: u64, length: u64, punch: bool) -> Result<(), IoError> {
+        self.chunks.zero(index, offset, length, punch).await
+    }
+
+    async fn flush(&self) -> Result<(), IoError> {
+        self.chunks.flush().await
+    }
+
+    fn is_allocated(&self, index: u64) -> bool {
+        self.chunks.is_allocated(index)
+    }
+}
