@@ -68,6 +68,8 @@ struct Replicas {
     good: Vec<(ServerId, String)>,
     /// Replicas that must have a change for it to commit.
     majority: usize,
+    /// Replicas in the placement, good or not.
+    placed: usize,
     view: u64,
 }
 
@@ -362,6 +364,7 @@ impl ReplicatedChunks {
         Some(Replicas {
             good: good.into_iter().map(|id| (id, self.address(id))).collect(),
             majority: chunk.placement.replicas.len() / 2 + 1,
+            placed: chunk.placement.replicas.len(),
             view: chunk.placement.view,
         })
     }
@@ -603,38 +606,22 @@ impl ReplicatedChunks {
     /// For a reader: asks each good replica of chunk `index` its version at once,
     /// reporting nothing; `None` if the chunk is not allocated. See [`ReplicaVersions`].
     pub async fn replica_versions(&self, index: u64) -> Option<ReplicaVersions> {
-        let (good, replicas) = {
-            let chunks = self.chunks.lock().unwrap();
-            let chunk = chunks.get(&index)?;
-            let good: Vec<ServerId> = chunk
-                .placement
-                .replicas
-                .iter()
-                .copied()
-                .filter(|id| chunk.good(id))
-                .collect();
-            (good, chunk.placement.replicas.len())
-        };
+        let Replicas { good, placed, .. } = self.replicas(index)?;
         let request = Request::Replica(ReplicaRequest::ChunkInfo {
             chunk: self.chunk_id(index),
             generation: 0,
         });
-        let answers = futures::future::join_all(good.iter().map(|id| {
-            let address = self.address(*id);
-            let request = request.clone();
-            async move {
-                self.pool
-                    .call_within(&address, request, REPLICA_TIMEOUT)
-                    .await
-            }
+        let answers = futures::future::join_all(good.iter().map(|(_, address)| {
+            self.pool
+                .call_within(address, request.clone(), REPLICA_TIMEOUT)
         }))
         .await;
         let known = self.servers.lock().unwrap();
         let mut out = ReplicaVersions {
-            replicas,
+            replicas: placed,
             answered: Vec::new(),
         };
-        for (id, answer) in good.into_iter().zip(answers) {
+        for ((id, address), answer) in good.into_iter().zip(answers) {
             match answer {
                 Ok(Response::Replica(ReplicaResponse::ChunkInfo { version, .. })) => {
                     let Some(server) = known.get(&id) else {
@@ -642,7 +629,7 @@ impl ReplicatedChunks {
                     };
                     out.answered.push(ReplicaAt {
                         id,
-                        address: server.address.clone(),
+                        address,
                         class: server.class,
                         version,
                     });
@@ -897,6 +884,7 @@ impl ReplicatedChunks {
                 good,
                 majority,
                 view,
+                ..
             } = self.replicas(index).expect("allocated");
             stamp.view = view;
             let mut outcomes = Vec::new();
