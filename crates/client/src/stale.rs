@@ -46,6 +46,27 @@ struct Reading {
     avoid: Option<ServerId>,
 }
 
+/// A read counted in flight at a server until dropped (a cancelled read too).
+struct Queued<'a> {
+    counts: &'a Mutex<HashMap<ServerId, u64>>,
+    server: ServerId,
+}
+
+impl<'a> Queued<'a> {
+    fn on(counts: &'a Mutex<HashMap<ServerId, u64>>, server: ServerId) -> Queued<'a> {
+        *counts.lock().unwrap().entry(server).or_default() += 1;
+        Queued { counts, server }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap();
+        let count = counts.get_mut(&self.server).expect("counted when queued");
+        *count -= 1;
+    }
+}
+
 pub struct StaleReads {
     chunks: ReplicatedChunks,
     staleness: Duration,
@@ -174,12 +195,12 @@ impl ChunkIo for StaleReads {
                 let reading = cell.read().await;
                 let usable = asked || !self.due(&reading);
                 if let (true, Some(from)) = (usable, &reading.from) {
-                    *self.in_flight.lock().unwrap().entry(from.id).or_default() += 1;
+                    let queued = Queued::on(&self.in_flight, from.id);
                     let read = self
                         .chunks
                         .read_replica(&from.address, index, offset, length, reading.floor)
                         .await;
-                    *self.in_flight.lock().unwrap().entry(from.id).or_default() -= 1;
+                    drop(queued);
                     match read {
                         Ok(data) => return Ok(data),
                         Err(e) => failed = Some((from.id, e.to_string())),
