@@ -119,7 +119,7 @@ enum Command {
         #[arg(long, default_value = "64M", value_parser = size::parse)]
         unretired_limit: u64,
         /// Stale reads (with --read-only): read each chunk from the replica of least
-        /// cost (ssd before hdd, fewer reads queued), at most this far behind the
+        /// cost (expected read time there, times reads queued), at most this far behind the
         /// volume, e.g. 2s; reads never go back in time.
         #[arg(long, requires = "read_only", value_parser = humantime::parse_duration)]
         staleness: Option<std::time::Duration>,

@@ -9,8 +9,9 @@
 //! so a read is at most `staleness` behind the volume) and to the version the
 //! replica it read from answers (a replica's versions only grow: nothing read from
 //! it so far is newer). It then takes, among the replicas at or past the floor, the
-//! one of least cost (GetCost: device class times reads in flight there, ties
-//! spread over chunks), and each read asks that replica for at least the floor. So a
+//! one of least cost (GetCost: the expected time of a read there, timed or guessed
+//! from the device class, times one plus the reads in flight there; ties spread
+//! over chunks), and each read asks that replica for at least the floor. So a
 //! read never returns less than an earlier one, across switches of replica too, but
 //! for a change only a replica that died held (never acknowledged).
 //!
@@ -31,6 +32,13 @@ use tokio::time::Instant;
 
 /// How long a read keeps trying replicas before it fails.
 const READ_DEADLINE: Duration = Duration::from_secs(30);
+/// A read's expected time at a server not yet timed, by device class: an hdd seeks.
+const SSD_READ: Duration = Duration::from_micros(200);
+const HDD_READ: Duration = Duration::from_millis(8);
+/// Costs are counted in these: servers this close in expected time tie.
+const COST_UNIT: Duration = Duration::from_micros(100);
+/// Weight of a new timing in a server's running average.
+const TIMING_WEIGHT: f64 = 0.05;
 /// Pause before asking the replicas again when none could serve.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -72,6 +80,8 @@ pub struct StaleReads {
     staleness: Duration,
     reading: Mutex<HashMap<u64, Arc<RwLock<Reading>>>>,
     in_flight: Mutex<HashMap<ServerId, u64>>,
+    /// Running average of a read's time per server, in seconds.
+    timed: Mutex<HashMap<ServerId, f64>>,
     /// When the volume map was last read (the first time, just before opening).
     map_read_at: tokio::sync::Mutex<Instant>,
 }
@@ -83,6 +93,7 @@ impl StaleReads {
             staleness,
             reading: Mutex::default(),
             in_flight: Mutex::default(),
+            timed: Mutex::default(),
             map_read_at: tokio::sync::Mutex::new(Instant::now()),
         }
     }
@@ -102,13 +113,22 @@ impl StaleReads {
             .clone()
     }
 
-    /// GetCost: an hdd read costs more than an ssd one, and more so with reads
-    /// queued there already.
+    /// GetCost: a read's expected time at the replica's server (its recent reads'
+    /// running average, else its device class's guess), times one plus the reads
+    /// queued there, in units of [`COST_UNIT`] so that near-equal servers tie; ties
+    /// spread chunks over replicas.
     fn cost(&self, replica: &ReplicaAt, index: u64) -> (u64, u64) {
-        let class = match replica.class {
-            DeviceClass::Ssd => 1,
-            DeviceClass::Hdd => 4,
+        let guess = match replica.class {
+            DeviceClass::Ssd => SSD_READ,
+            DeviceClass::Hdd => HDD_READ,
         };
+        let expected = self
+            .timed
+            .lock()
+            .unwrap()
+            .get(&replica.id)
+            .copied()
+            .unwrap_or(guess.as_secs_f64());
         let queued = self
             .in_flight
             .lock()
@@ -116,9 +136,16 @@ impl StaleReads {
             .get(&replica.id)
             .copied()
             .unwrap_or(0);
-        // Equal costs: chunks spread over the replicas.
+        let units = (expected / COST_UNIT.as_secs_f64()).ceil().max(1.0) as u64;
         let spread = (index ^ replica.id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
-        (class * (1 + queued), spread)
+        (units * (1 + queued), spread)
+    }
+
+    /// Folds a read's time at `server` into its running average.
+    fn timed(&self, server: ServerId, took: Duration) {
+        let mut timed = self.timed.lock().unwrap();
+        let average = timed.entry(server).or_insert(took.as_secs_f64());
+        *average += TIMING_WEIGHT * (took.as_secs_f64() - *average);
     }
 
     /// Reads the volume map again if it is older than the staleness bound.
@@ -196,13 +223,17 @@ impl ChunkIo for StaleReads {
                 let usable = asked || !self.due(&reading);
                 if let (true, Some(from)) = (usable, &reading.from) {
                     let queued = Queued::on(&self.in_flight, from.id);
+                    let began = Instant::now();
                     let read = self
                         .chunks
                         .read_replica(&from.address, index, offset, length, reading.floor)
                         .await;
                     drop(queued);
                     match read {
-                        Ok(data) => return Ok(data),
+                        Ok(data) => {
+                            self.timed(from.id, began.elapsed());
+                            return Ok(data);
+                        }
                         Err(e) => failed = Some((from.id, e.to_string())),
                     }
                 }
