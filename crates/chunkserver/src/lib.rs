@@ -23,7 +23,7 @@ use floe_protocol::{
     Registration, ReplicaRequest, ReplicaResponse, Request, Response, ServerId, Stamp, Status,
 };
 use replica::{Admit, Replica};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -82,9 +82,9 @@ pub(crate) struct ChunkServer {
     store: Store,
     /// Connections to backups this server forwards to, and to repair sources.
     peers: ConnectionPool,
-    slots: Mutex<HashMap<ChunkId, Arc<Slot>>>,
+    slots: Mutex<BTreeMap<ChunkId, Arc<Slot>>>,
     /// Newest lease generation seen per volume (from writers and the master).
-    generations: Mutex<HashMap<u64, u32>>,
+    generations: Mutex<BTreeMap<u64, u32>>,
 }
 
 /// A change to a chunk, as the store takes it.
@@ -228,7 +228,7 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
     let mut id: Option<ServerId> = None;
     let mut used_bytes = store.used_bytes();
     let mut beats = 0u32;
-    let mut deleted: HashSet<u64> = HashSet::new();
+    let mut deleted: BTreeSet<u64> = BTreeSet::new();
     let mut corrupt_blocks = Vec::new();
     let mut interval = tokio::time::interval(HEARTBEAT_INTERVAL);
     loop {

@@ -10,7 +10,7 @@ use crate::meta::Metas;
 use crate::sums_cache::{Budget, SumsCache};
 use crate::unsynced::UnsyncedChunks;
 use floe_protocol::ChunkId;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, ErrorKind};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +22,7 @@ const OPEN_FILES_MAX: usize = 4096;
 pub(crate) struct Files {
     pub(crate) disk: Arc<dyn Disk>,
     pub(crate) dir: PathBuf,
-    open: Mutex<HashMap<ChunkId, ChunkFile>>,
+    open: Mutex<BTreeMap<ChunkId, ChunkFile>>,
     /// Updated as log records commit: the state of what is durable.
     pub(crate) metas: Mutex<Metas>,
     /// The emulated hdd under the chunk files, asked whether it is idle.

@@ -34,7 +34,7 @@ use crate::layout::{self, CHUNK_BYTES_MAX};
 use crate::log_file::LogFile;
 use crate::wal::SECTOR_BYTES;
 use floe_protocol::ChunkId;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -69,7 +69,7 @@ pub(crate) struct Journals {
     quotas: Vec<u64>,
     /// Bytes appended to each journal since its last reset.
     used: Vec<AtomicU64>,
-    pub(crate) index: Mutex<HashMap<ChunkId, JournalIndex>>,
+    pub(crate) index: Mutex<BTreeMap<ChunkId, JournalIndex>>,
     /// Held by whoever writes chunk files while looking at the index (the committer
     /// for a batch, the replay worker for one piece), so replay never writes stale
     /// journal data over a newer bypass write.
@@ -258,8 +258,8 @@ impl Journals {
         debug_assert!(offset.is_multiple_of(SECTOR_BYTES) && length.is_multiple_of(SECTOR_BYTES));
         let mut index = self.index.lock().unwrap();
         let entry = match index.entry(chunk) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
                 e.insert(JournalIndex::new(CHUNK_SECTORS).map_err(index_error)?)
             }
         };

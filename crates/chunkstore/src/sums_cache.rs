@@ -5,7 +5,7 @@
 //! go to the file again) until pages are freed. Writes go through to the file and to
 //! the cached pages alike.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,7 +24,7 @@ pub(crate) struct Budget {
 
 /// One chunk file's cached pages.
 pub(crate) struct SumsCache {
-    pages: Mutex<HashMap<u64, Box<[u32]>>>,
+    pages: Mutex<BTreeMap<u64, Box<[u32]>>>,
     budget: Arc<Budget>,
 }
 

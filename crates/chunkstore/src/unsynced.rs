@@ -29,7 +29,7 @@ use crate::space::Reservation;
 use crate::wal::{Kind, RecordHeader};
 use bytes::Bytes;
 use floe_protocol::ChunkId;
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 /// Data held unsynced before the committer syncs regardless.
@@ -44,7 +44,7 @@ pub(crate) struct Unsynced {
 
 /// Chunks with unsynced changes: what a read asks before it trusts a chunk file.
 #[derive(Default)]
-pub(crate) struct UnsyncedChunks(Mutex<HashSet<ChunkId>>);
+pub(crate) struct UnsyncedChunks(Mutex<BTreeSet<ChunkId>>);
 
 impl UnsyncedChunks {
     pub(crate) fn holds(&self, chunk: ChunkId) -> bool {

@@ -263,7 +263,7 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
         }
     }
     println!();
-    let journals: std::collections::HashMap<ServerId, JournalUsage> =
+    let journals: std::collections::BTreeMap<ServerId, JournalUsage> =
         status.qos.journals.iter().copied().collect();
     println!(
         "{:<4} {:<12} {:<22} {:<14} {:<5} {:>10} {:>16} {:>18}",

@@ -179,6 +179,7 @@ impl<D: BlockDevice> Qos<D> {
             // A change of limits (a cleared one) must not leave the queue asleep on the
             // old rate. Once the lease is gone, `changed` fails and only the timer runs.
             tokio::select! {
+                biased; // the simulator replays a seed exactly
                 _ = tokio::time::sleep(wait) => {}
                 Ok(()) = pacer.limits.changed() => {}
             }

@@ -39,7 +39,7 @@ use floe_protocol::{
     MasterResponse, Proposal, ReplicaRequest, ReplicaResponse, Request, Response, ServerId,
     ServerInfo, Stamp, Status, VolumeMap, VolumeSpec,
 };
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -106,7 +106,7 @@ pub struct ReplicaAt {
 struct Chunk {
     placement: ChunkPlacement,
     /// Replicas this writer left behind and reported; cleared by a view change.
-    excluded: HashSet<ServerId>,
+    excluded: BTreeSet<ServerId>,
     /// Last version handed out; `None` until learned from the replicas.
     last: Option<u64>,
     /// Highest version known durable on every good replica.
@@ -126,18 +126,18 @@ pub struct ReplicatedChunks {
     /// `None`: opened read-only.
     lease: Option<Lease>,
     spec: VolumeSpec,
-    chunks: Mutex<HashMap<u64, Chunk>>,
-    servers: Mutex<HashMap<ServerId, ServerInfo>>,
+    chunks: Mutex<BTreeMap<u64, Chunk>>,
+    servers: Mutex<BTreeMap<ServerId, ServerInfo>>,
     /// Servers down or lost when the map was last read: new chunks avoid them.
-    unavailable: Mutex<HashSet<ServerId>>,
+    unavailable: Mutex<BTreeSet<ServerId>>,
     /// The cluster map, ready to place; `None` before the first server joined it.
     placer: Mutex<Option<Arc<Placer>>>,
     /// Servers that recently failed a request, and when.
-    suspects: Mutex<HashMap<ServerId, Instant>>,
+    suspects: Mutex<BTreeMap<ServerId, Instant>>,
     /// Servers short of space: those that refused a change for it here, and when;
     /// and those the master last said were.
-    refused_for_space: Mutex<HashMap<ServerId, Instant>>,
-    short_per_master: Mutex<HashSet<ServerId>>,
+    refused_for_space: Mutex<BTreeMap<ServerId, Instant>>,
+    short_per_master: Mutex<BTreeSet<ServerId>>,
     /// When the volume map was last read.
     refreshed_at: Mutex<Option<Instant>>,
     pool: ConnectionPool,
@@ -311,7 +311,7 @@ impl ReplicatedChunks {
                         placement.index,
                         Chunk {
                             placement,
-                            excluded: HashSet::new(),
+                            excluded: BTreeSet::new(),
                             last: None,
                             committed: 0,
                         },
@@ -801,7 +801,7 @@ impl ReplicatedChunks {
             }
             if versions.len() >= majority {
                 let top = versions.iter().map(|v| v.1).max().expect("a majority");
-                let learned = |chunks: &HashMap<u64, Chunk>| chunks[&index].last.is_some();
+                let learned = |chunks: &BTreeMap<u64, Chunk>| chunks[&index].last.is_some();
                 if learned(&self.chunks.lock().unwrap()) {
                     // Another request learned it first and may have written since:
                     // these answers are out of date.

@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use floe_blockdev::IoError;
 use floe_protocol::{DeviceClass, ServerId};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::RwLock;
@@ -56,12 +56,12 @@ struct Reading {
 
 /// A read counted in flight at a server until dropped (a cancelled read too).
 struct Queued<'a> {
-    counts: &'a Mutex<HashMap<ServerId, u64>>,
+    counts: &'a Mutex<BTreeMap<ServerId, u64>>,
     server: ServerId,
 }
 
 impl<'a> Queued<'a> {
-    fn on(counts: &'a Mutex<HashMap<ServerId, u64>>, server: ServerId) -> Queued<'a> {
+    fn on(counts: &'a Mutex<BTreeMap<ServerId, u64>>, server: ServerId) -> Queued<'a> {
         *counts.lock().unwrap().entry(server).or_default() += 1;
         Queued { counts, server }
     }
@@ -78,10 +78,10 @@ impl Drop for Queued<'_> {
 pub struct StaleReads {
     chunks: ReplicatedChunks,
     staleness: Duration,
-    reading: Mutex<HashMap<u64, Arc<RwLock<Reading>>>>,
-    in_flight: Mutex<HashMap<ServerId, u64>>,
+    reading: Mutex<BTreeMap<u64, Arc<RwLock<Reading>>>>,
+    in_flight: Mutex<BTreeMap<ServerId, u64>>,
     /// Running average of a read's time per server, in seconds.
-    timed: Mutex<HashMap<ServerId, f64>>,
+    timed: Mutex<BTreeMap<ServerId, f64>>,
     /// When the volume map was last read (the first time, just before opening).
     map_read_at: tokio::sync::Mutex<Instant>,
 }

@@ -246,7 +246,7 @@ mod tests {
     use super::*;
     use floe_blockdev::MemoryDevice;
     use rand::{Rng, SeedableRng};
-    use std::collections::HashSet;
+    use std::collections::BTreeSet;
     use std::sync::Mutex;
 
     const LAYOUT: Layout = Layout {
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn locate_is_a_bijection_onto_chunk_space() {
         let units = 3 * 2 * (LAYOUT.chunk / LAYOUT.unit); // two object sets
-        let mut seen = HashSet::new();
+        let mut seen = BTreeSet::new();
         for u in 0..units {
             let (chunk, at, left) = LAYOUT.locate(u * LAYOUT.unit);
             assert_eq!(left, LAYOUT.unit);
@@ -313,7 +313,7 @@ mod tests {
     /// Chunks as RAM devices, recording which were written.
     struct MemoryChunks {
         chunks: Vec<MemoryDevice>,
-        allocated: Mutex<HashSet<u64>>,
+        allocated: Mutex<BTreeSet<u64>>,
     }
 
     #[async_trait]

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use floe_client::master::MasterClient;
 use floe_nbd::Exports;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
@@ -20,7 +20,7 @@ struct VolumeExports {
     /// Stale reads' bound (read-only gateways).
     staleness: Option<std::time::Duration>,
     /// Open volumes; held weakly so a volume closes with its last connection.
-    open: Mutex<HashMap<String, Weak<dyn BlockDevice>>>,
+    open: Mutex<BTreeMap<String, Weak<dyn BlockDevice>>>,
 }
 
 #[async_trait]

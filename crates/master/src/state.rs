@@ -19,18 +19,18 @@ use floe_protocol::{
     ChunkPlacement, ClusterMap, JournalUsage, ServerId, ServerInfo, Status, Volume,
 };
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use tokio::time::Instant;
 
 pub(crate) struct State {
     pub(crate) servers: BTreeMap<ServerId, ServerInfo>,
-    pub(crate) last_heartbeat: HashMap<ServerId, Instant>,
+    pub(crate) last_heartbeat: BTreeMap<ServerId, Instant>,
     /// From heartbeats; not stored.
-    pub(crate) journals: HashMap<ServerId, JournalUsage>,
+    pub(crate) journals: BTreeMap<ServerId, JournalUsage>,
     pub(crate) volumes: BTreeMap<String, Volume>,
-    pub(crate) chunks: HashMap<u64, BTreeMap<u64, ChunkPlacement>>,
+    pub(crate) chunks: BTreeMap<u64, BTreeMap<u64, ChunkPlacement>>,
     /// By volume id.
-    pub(crate) leases: HashMap<u64, Lease>,
+    pub(crate) leases: BTreeMap<u64, Lease>,
     /// The volume whose new lease is being stored: its old lease is not renewed
     /// meanwhile.
     pub(crate) lease_in_flight: Option<u64>,
@@ -40,7 +40,7 @@ pub(crate) struct State {
     pub(crate) deleted_volumes: Vec<u64>,
     /// The snapshot epoch each volume's writer last confirmed; not stored (a master
     /// that restarted frees no delta a live writer may still preserve into).
-    pub(crate) writer_epochs: HashMap<u64, u32>,
+    pub(crate) writer_epochs: BTreeMap<u64, u32>,
     pub(crate) last_server_id: u64,
     pub(crate) last_volume_id: u64,
     pub(crate) last_lease: u64,
@@ -89,15 +89,15 @@ impl State {
             |key: &str, e: serde_json::Error| format!("metadata key {key} is corrupt: {e}");
         let mut state = State {
             servers: BTreeMap::new(),
-            last_heartbeat: HashMap::new(),
-            journals: HashMap::new(),
+            last_heartbeat: BTreeMap::new(),
+            journals: BTreeMap::new(),
             volumes: BTreeMap::new(),
-            chunks: HashMap::new(),
-            leases: HashMap::new(),
+            chunks: BTreeMap::new(),
+            leases: BTreeMap::new(),
             lease_in_flight: None,
             audits: BTreeMap::new(),
             deleted_volumes: Vec::new(),
-            writer_epochs: HashMap::new(),
+            writer_epochs: BTreeMap::new(),
             last_server_id: 0,
             last_volume_id: 0,
             last_lease: 0,

@@ -14,7 +14,7 @@ use crate::PlacementError;
 use floe_protocol::{
     ChunkId, ClusterMap, DeviceClass, LayerInfo, MapChange, PlacementMode, ServerId, VolumeMode,
 };
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 /// Replicas each class map is asked for: a volume's replica count plus one, so that a
 /// hybrid volume still finds its backups on hosts other than its primary's.
@@ -35,7 +35,7 @@ pub struct Placer {
     pgs_per_layer: u32,
     ssd: ClassMap,
     hdd: ClassMap,
-    hosts: HashMap<ServerId, String>,
+    hosts: BTreeMap<ServerId, String>,
     out: Vec<ServerId>,
     /// Length of a reweight vector: one more than the largest device id.
     devices: usize,

@@ -19,7 +19,7 @@ use crate::crush::hash::hash4;
 use crate::crush::mapper::{Mapper, Params};
 use crate::crush::{BucketSpec, CrushError, CrushMap, MapBuilder, Tunables, ITEM_NONE};
 use floe_protocol::ChunkId;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Layer index: one byte per PG timestamp and per chunk, as in the paper.
 pub type LayerId = u8;
@@ -81,9 +81,9 @@ pub struct Mapx {
     virtual_ids: BTreeMap<(u32, LayerId), i32>,
     next_virtual_id: i32,
     /// (physical bucket, group representative) -> the bucket's id in that group now.
-    in_group: HashMap<(u32, LayerId), i32>,
+    in_group: BTreeMap<(u32, LayerId), i32>,
     /// Virtual bucket id -> its physical bucket, for the current map.
-    physical_of: HashMap<i32, u32>,
+    physical_of: BTreeMap<i32, u32>,
     groups: Vec<Group>,
     map: CrushMap,
 }
@@ -134,8 +134,8 @@ impl Mapx {
             physical: BTreeMap::new(),
             virtual_ids: BTreeMap::new(),
             next_virtual_id: ROOT - 1,
-            in_group: HashMap::new(),
-            physical_of: HashMap::new(),
+            in_group: BTreeMap::new(),
+            physical_of: BTreeMap::new(),
             groups: Vec::new(),
             map: MapBuilder::new(tunables).build(),
         };
@@ -474,7 +474,7 @@ impl Mapx {
             // Each virtual bucket's items in first-seen order, weights summed along
             // every device's path.
             let mut children: BTreeMap<i32, Vec<(i32, u32)>> = BTreeMap::new();
-            let mut names: HashMap<i32, (i32, String)> = HashMap::new();
+            let mut names: BTreeMap<i32, (i32, String)> = BTreeMap::new();
             names.insert(node, (layer_type, format!("layer{}", group.representative)));
             let layers: Vec<LayerId> = (0..self.layers.len())
                 .filter(|&i| !self.layers[i].removed && self.layers[i].timestamp == group.timestamp)

@@ -8,7 +8,7 @@ use crate::message::{Request, Response};
 use crate::transport::{CallFuture, Transport};
 use crate::PROTOCOL_VERSION;
 use bytes::BytesMut;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,7 +36,7 @@ pub enum CallError {
     BadReply { address: String, reason: String },
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Frame>>>>;
+type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Frame>>>>;
 
 pub struct Connection {
     address: String,
@@ -199,7 +199,7 @@ pub(crate) async fn write_loop<W: tokio::io::AsyncWrite + Unpin>(
 /// failure: the transport of real processes.
 #[derive(Default)]
 pub struct TcpTransport {
-    connections: Mutex<HashMap<String, Arc<Connection>>>,
+    connections: Mutex<BTreeMap<String, Arc<Connection>>>,
 }
 
 impl TcpTransport {

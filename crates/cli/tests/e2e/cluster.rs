@@ -2,7 +2,7 @@
 //! picked by the test) and helpers to run the real NBD clients against it.
 
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -250,9 +250,9 @@ impl Cluster {
 
     /// Chunk server id -> its demo index, from the addresses in `floe status`: cs-n
     /// listens on port + 1 + n.
-    pub fn server_indexes(&self) -> HashMap<u32, usize> {
+    pub fn server_indexes(&self) -> BTreeMap<u32, usize> {
         let status = self.floe(&["status"]);
-        let mut index_of = HashMap::new();
+        let mut index_of = BTreeMap::new();
         for line in status.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if let [id, _host, address, ..] = fields[..] {
@@ -269,10 +269,10 @@ impl Cluster {
     }
 
     /// Chunk index -> the chunk servers (by demo index) the master lists for it.
-    pub fn placement(&self) -> HashMap<u64, Vec<usize>> {
+    pub fn placement(&self) -> BTreeMap<u64, Vec<usize>> {
         let index_of = self.server_indexes();
         let info = self.floe(&["volume", "info", "demo"]);
-        let mut out = HashMap::new();
+        let mut out = BTreeMap::new();
         for line in info.lines() {
             let Some(rest) = line.trim().strip_prefix("chunk ") else {
                 continue;

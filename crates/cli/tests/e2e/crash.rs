@@ -11,7 +11,7 @@ use crate::cluster::{free_ports, nbdsh, ok, Cluster, DemoFile};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
@@ -394,16 +394,16 @@ fn verify_disk(
     work: &Path,
     rounds: u32,
     content: &Content,
-    read_back: &HashSet<u64>,
-    placement: &HashMap<u64, Vec<usize>>,
+    read_back: &BTreeSet<u64>,
+    placement: &BTreeMap<u64, Vec<usize>>,
 ) -> DiskReport {
     let mut report = DiskReport::default();
-    let mut files: HashMap<u64, Vec<(usize, File)>> = HashMap::new();
-    let mut placement_checked = HashSet::new();
+    let mut files: BTreeMap<u64, Vec<(usize, File)>> = BTreeMap::new();
+    let mut placement_checked = BTreeSet::new();
     let zero = vec![0u8; BLOCK as usize];
     for round in 0..rounds {
         let (acked, issued) = read_ledger(&ledger_path(work, round));
-        let acked_set: HashSet<u64> = acked.iter().copied().collect();
+        let acked_set: BTreeSet<u64> = acked.iter().copied().collect();
         let unacked = issued.iter().filter(|b| !acked_set.contains(b));
         let blocks = acked
             .iter()
@@ -422,7 +422,7 @@ fn verify_disk(
             if is_acked {
                 if placement_checked.insert(chunk) {
                     let servers: Vec<usize> = holders.iter().map(|(n, _)| *n).collect();
-                    let hosts: HashSet<usize> = servers.iter().map(|n| host_of(*n)).collect();
+                    let hosts: BTreeSet<usize> = servers.iter().map(|n| host_of(*n)).collect();
                     if servers.len() != 3 || hosts.len() != 3 {
                         report.lost += 1;
                         report.bad(format!("chunk {chunk} has replicas on cs-{servers:?}"));
@@ -498,7 +498,7 @@ fn kill_9_rounds(write_mode: &str, default_rounds: u32) {
     let mut next_block = 0;
     let started = Instant::now();
     let mut kills = 0;
-    let mut all_blocks = HashSet::new();
+    let mut all_blocks = BTreeSet::new();
     let mut total_acked = 0;
     let (mut nbd, mut disk) = (None, None);
     for round in 0..rounds {
@@ -571,7 +571,7 @@ fn kill_9_rounds(write_mode: &str, default_rounds: u32) {
         let placement = cluster.placement();
         // ...and, stopped, every chunk file holds what was applied: compare them.
         cluster.stop();
-        let read_back: HashSet<u64> = report.unacked_present_blocks.iter().copied().collect();
+        let read_back: BTreeSet<u64> = report.unacked_present_blocks.iter().copied().collect();
         let report_disk = verify_disk(
             dir.path(),
             work.path(),

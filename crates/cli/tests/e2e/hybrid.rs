@@ -3,7 +3,7 @@
 //! writes that bypass the journal must supersede older small writes on the hdd.
 
 use crate::cluster::{free_ports, nbdsh, ok, Cluster, FLOE};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileExt;
 use std::process::{Child, Command, Stdio};
@@ -58,7 +58,7 @@ fn small_writes_script(count: u32, region: u64, seed: u32) -> String {
 }
 
 /// The `block:value` pairs a writer printed last.
-fn parse_written(line: &str) -> HashMap<u64, u8> {
+fn parse_written(line: &str) -> BTreeMap<u64, u8> {
     line.split_whitespace()
         .map(|pair| {
             let (b, v) = pair.split_once(':').expect("block:value");
@@ -68,14 +68,14 @@ fn parse_written(line: &str) -> HashMap<u64, u8> {
 }
 
 /// Runs the writer of [`small_writes_script`] to the end.
-fn small_writes(uri: &str, count: u32, region: u64, seed: u32) -> HashMap<u64, u8> {
+fn small_writes(uri: &str, count: u32, region: u64, seed: u32) -> BTreeMap<u64, u8> {
     let script = small_writes_script(count, region, seed);
     let out = ok(nbdsh().args(["-u", uri, "-c", &script]));
     parse_written(out.lines().last().unwrap_or_default())
 }
 
 /// Reads every block back through NBD and checks its content.
-fn check_reads(uri: &str, expected: &HashMap<u64, u8>) {
+fn check_reads(uri: &str, expected: &BTreeMap<u64, u8>) {
     let list: Vec<String> = expected.iter().map(|(b, v)| format!("({b},{v})")).collect();
     let script = format!(
         "bad = [(b, v) for b, v in [{}] if h.pread({BLOCK}, b * {BLOCK}) != bytes([v]) * {BLOCK}]\n\
@@ -91,7 +91,7 @@ fn check_reads(uri: &str, expected: &HashMap<u64, u8>) {
 
 /// The hdd chunk server (demo index) holding the most chunks of the first object set.
 fn busiest_hdd(cluster: &Cluster) -> usize {
-    let mut held = HashMap::new();
+    let mut held = BTreeMap::new();
     for (chunk, servers) in cluster.placement() {
         if chunk < COUNT {
             for s in servers.into_iter().filter(|s| s % 2 == 1) {
@@ -235,7 +235,7 @@ fn hybrid_large_writes_supersede_journaled_small_writes() {
         "-c",
         &format!("h.pwrite(b'\\xee' * {}, 0)", 8 << 20),
     ]));
-    let large: HashMap<u64, u8> = (0..(1 << 20) / BLOCK).map(|b| (b, 0xee)).collect();
+    let large: BTreeMap<u64, u8> = (0..(1 << 20) / BLOCK).map(|b| (b, 0xee)).collect();
     check_reads(cluster.uri(), &large);
     // Every replica (hdd ones read journal pieces + chunk file) agrees.
     let scrub = cluster.floe(&["scrub", "demo"]);

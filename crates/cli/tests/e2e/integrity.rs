@@ -84,7 +84,7 @@ fn blocks_rotting_while_writes_run_are_never_read() {
         .spawn();
     let placement = cluster.placement();
     let mut random = rand::rngs::StdRng::seed_from_u64(12);
-    let mut rotten = std::collections::HashSet::new();
+    let mut rotten = std::collections::BTreeSet::new();
     while rotten.len() < 24 {
         let chunk = random.gen_range(0..4u64);
         let block = random.gen_range(0..1024u64);

@@ -35,7 +35,7 @@ use crate::cluster::{free_ports, nbdsh, output, Cluster, TestDir};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::net::TcpStream;
@@ -66,10 +66,10 @@ struct Write {
 }
 
 /// The writes sent to each block, in order. A torn last line was never acted on.
-fn ledger(path: &Path) -> HashMap<u64, Vec<Write>> {
+fn ledger(path: &Path) -> BTreeMap<u64, Vec<Write>> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut out: HashMap<u64, Vec<Write>> = HashMap::new();
-    let mut blocks = HashMap::new();
+    let mut out: BTreeMap<u64, Vec<Write>> = BTreeMap::new();
+    let mut blocks = BTreeMap::new();
     for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
         let f: Vec<&str> = line.trim_end().split(' ').collect();
         let n = |i: usize| f[i].parse::<u64>().unwrap();
@@ -95,9 +95,9 @@ fn ledger(path: &Path) -> HashMap<u64, Vec<Write>> {
 }
 
 /// What the region holds: block -> (epoch, seq) of the write there.
-fn read_region(uri: &str, first: u64) -> HashMap<u64, (u64, u64)> {
+fn read_region(uri: &str, first: u64) -> BTreeMap<u64, (u64, u64)> {
     let out = run_client(client(uri, "read", first));
-    let mut held = HashMap::new();
+    let mut held = BTreeMap::new();
     for line in out.lines() {
         let f: Vec<&str> = line.split(' ').collect();
         assert_eq!(f.len(), 3, "block {} is {}", f[0], f[1]);
@@ -112,7 +112,7 @@ fn read_region(uri: &str, first: u64) -> HashMap<u64, (u64, u64)> {
 /// The largest R for which the region holds a prefix of the epochs: every block the
 /// last write it had in epochs up to R, or one of its writes in epoch R + 1; `None` if
 /// there is none.
-fn prefix(writes: &HashMap<u64, Vec<Write>>, held: &HashMap<u64, (u64, u64)>) -> Option<i64> {
+fn prefix(writes: &BTreeMap<u64, Vec<Write>>, held: &BTreeMap<u64, (u64, u64)>) -> Option<i64> {
     let last_epoch = writes.values().flatten().map(|w| w.epoch).max()? as i64;
     (-1..=last_epoch).rev().find(|&r| {
         let in_prefix = |w: &&Write| (w.epoch as i64) <= r;
@@ -130,8 +130,8 @@ fn prefix(writes: &HashMap<u64, Vec<Write>>, held: &HashMap<u64, (u64, u64)>) ->
 /// the order they were acknowledged (the writer has one in flight at a time); `None`
 /// if there is none.
 fn sequence_prefix(
-    writes: &HashMap<u64, Vec<Write>>,
-    held: &HashMap<u64, (u64, u64)>,
+    writes: &BTreeMap<u64, Vec<Write>>,
+    held: &BTreeMap<u64, (u64, u64)>,
 ) -> Option<u64> {
     let last = writes.values().flatten().map(|w| w.seq).max()?;
     (0..=last).rev().find(|&s| {

@@ -49,7 +49,7 @@ use floe_protocol::log_commit::{Layout, BLOCK_BYTES, SLOT_BYTES};
 use futures::StreamExt;
 use permutation::Permutation;
 use state::{Content, Log, Source};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
@@ -234,7 +234,7 @@ impl LogCommit {
         partials.dedup();
         partials.retain(|&b| partial(b));
         // Bookend blocks read from their slots: (slot, data).
-        let mut read: HashMap<u64, (u64, Bytes)> = HashMap::new();
+        let mut read: BTreeMap<u64, (u64, Bytes)> = BTreeMap::new();
         let answer = loop {
             let room = self.shared.changed.notified();
             let mut missing = Vec::new();
@@ -243,7 +243,7 @@ impl LogCommit {
                 if let Some(e) = &log.broken {
                     return Err(e.clone());
                 }
-                let mut bases = HashMap::new();
+                let mut bases = BTreeMap::new();
                 for &block in &partials {
                     let base = match log.lookup(block) {
                         Source::Data(data) => data,
@@ -295,7 +295,7 @@ fn entries(
     first: u64,
     end: u64,
     data: Option<&Bytes>,
-    bases: &HashMap<u64, Bytes>,
+    bases: &BTreeMap<u64, Bytes>,
 ) -> Vec<(u64, Content)> {
     let mut out = Vec::new();
     let mut zeroes_from = None;

@@ -34,9 +34,9 @@ struct Pending {
 #[derive(Default)]
 struct Pages {
     /// What reads see: every completed write.
-    volatile: HashMap<u64, Bytes>,
+    volatile: BTreeMap<u64, Bytes>,
     /// What a power cut keeps for certain: writes a completed flush covered.
-    durable: HashMap<u64, Bytes>,
+    durable: BTreeMap<u64, Bytes>,
     /// Writes since, in the order they were sent: a cut keeps each page of each at
     /// random.
     pending: Vec<Pending>,
@@ -55,7 +55,7 @@ struct PowerCut {
 }
 
 impl PowerCut {
-    fn new(size: u64, seed: u64, durable: HashMap<u64, Bytes>) -> Arc<PowerCut> {
+    fn new(size: u64, seed: u64, durable: BTreeMap<u64, Bytes>) -> Arc<PowerCut> {
         Arc::new(PowerCut {
             pages: Mutex::new(Pages {
                 volatile: durable.clone(),
@@ -346,7 +346,7 @@ fn prefix(base: &[u8], changes: &[Change], image: &[u8]) -> Option<usize> {
 async fn crash_rounds(seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let name = format!("crash-{seed}");
-    let mut device = PowerCut::new(layout().backing_bytes(), rng.gen(), HashMap::new());
+    let mut device = PowerCut::new(layout().backing_bytes(), rng.gen(), BTreeMap::new());
     let mut base = vec![0u8; SIZE as usize];
     // Checkpoints from every slot write to every 8 (all the spare slots); few or many
     // writes in flight.
@@ -431,7 +431,7 @@ fn a_power_cut_keeps_a_prefix_of_the_acknowledged_writes_with_every_fua_write() 
 
 #[tokio::test(start_paused = true)]
 async fn writes_are_acknowledged_before_they_land_and_fua_waits_for_a_flush_below() {
-    let device = PowerCut::new(layout().backing_bytes(), 1, HashMap::new());
+    let device = PowerCut::new(layout().backing_bytes(), 1, BTreeMap::new());
     let layer = Arc::new(open("fast-ack", device.clone(), true).await);
     let started = tokio::time::Instant::now();
     layer
@@ -463,7 +463,7 @@ async fn writes_are_acknowledged_before_they_land_and_fua_waits_for_a_flush_belo
 
 #[tokio::test(start_paused = true)]
 async fn a_write_that_fails_below_fails_the_next_flush_and_everything_after() {
-    let device = PowerCut::new(layout().backing_bytes(), 1, HashMap::new());
+    let device = PowerCut::new(layout().backing_bytes(), 1, BTreeMap::new());
     let layer = open("broken", device.clone(), true).await;
     device
         .broken_writes
@@ -488,7 +488,7 @@ async fn a_write_that_fails_below_fails_the_next_flush_and_everything_after() {
 
 #[tokio::test(start_paused = true)]
 async fn writes_past_the_limit_wait_for_retirement() {
-    let device = PowerCut::new(layout().backing_bytes(), 1, HashMap::new());
+    let device = PowerCut::new(layout().backing_bytes(), 1, BTreeMap::new());
     let layer = Arc::new(open("limit", device.clone(), true).await);
     // Eight blocks fill the 32 KiB limit; the ninth waits until some retire.
     let started = tokio::time::Instant::now();
@@ -506,7 +506,7 @@ async fn writes_past_the_limit_wait_for_retirement() {
 
 #[tokio::test(start_paused = true)]
 async fn a_read_only_open_sees_the_log_and_refuses_writes() {
-    let device = PowerCut::new(layout().backing_bytes(), 1, HashMap::new());
+    let device = PowerCut::new(layout().backing_bytes(), 1, BTreeMap::new());
     let layer = open("ro", device.clone(), true).await;
     layer
         .write(4096, Bytes::from(vec![9; BLOCK]), true)

@@ -19,7 +19,7 @@ use floe_blockdev::IoError;
 use floe_protocol::connection::CallError;
 use floe_protocol::snapshot::{delta_index, SNAPSHOT_BLOCK_BYTES};
 use floe_protocol::{MasterRequest, MasterResponse, SnapshotEpochs, Status};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::{watch, Notify, RwLock};
@@ -56,7 +56,7 @@ struct Cell {
 struct Shared {
     chunks: ReplicatedChunks,
     epochs: RwLock<SnapshotEpochs>,
-    deltas: Mutex<HashMap<u64, Arc<Cell>>>,
+    deltas: Mutex<BTreeMap<u64, Arc<Cell>>>,
 }
 
 pub struct Preserving {
@@ -240,6 +240,7 @@ async fn follow(
             wait_ms: WATCH_WAIT.as_millis() as u64,
         };
         wanted = tokio::select! {
+            biased; // the simulator replays a seed exactly
             polled = confirm.call(watch) => match polled {
                 Some(MasterResponse::SnapshotEpochs(epochs)) => epochs,
                 Some(_) => wanted,

@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use floe_blockdev::IoError;
 use floe_protocol::snapshot::SNAPSHOT_BLOCK_BYTES;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 /// Zeroes written per request.
@@ -44,7 +44,7 @@ pub struct ReadThrough {
     /// Opened for writing: this layer makes every change, so what it knows is
     /// current.
     writer: bool,
-    written: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Written>>>>,
+    written: Mutex<BTreeMap<u64, Arc<tokio::sync::Mutex<Written>>>>,
 }
 
 impl ReadThrough {

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use floe_blockdev::IoError;
 use floe_protocol::snapshot::{delta_index, SNAPSHOT_BLOCK_BYTES};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -33,7 +33,7 @@ struct Known {
 pub struct SnapshotChunks {
     chunks: ReplicatedChunks,
     epoch: u32,
-    known: Mutex<HashMap<u64, Arc<Known>>>,
+    known: Mutex<BTreeMap<u64, Arc<Known>>>,
 }
 
 /// Where a run of a read comes from.

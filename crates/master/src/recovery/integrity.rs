@@ -7,7 +7,7 @@
 use super::scrub::{check_chunk, chunks_of};
 use crate::Master;
 use floe_protocol::{ChunkId, ScrubReport, ScrubStatus, ServerId};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -42,12 +42,12 @@ pub(crate) struct Integrity {
     /// Chunks reported corrupt, not yet scrubbed.
     reported: Mutex<BTreeSet<ChunkId>>,
     /// When each chunk was last scrubbed for a report.
-    scrubbed: Mutex<HashMap<ChunkId, Instant>>,
+    scrubbed: Mutex<BTreeMap<ChunkId, Instant>>,
     wake: Notify,
     status: Mutex<ScrubStatus>,
     /// Blocks found lost so far (volume, offset): a block every later scrub finds
     /// lost again counts once.
-    lost: Mutex<HashSet<(String, u64)>>,
+    lost: Mutex<BTreeSet<(String, u64)>>,
 }
 
 impl Integrity {

@@ -50,7 +50,7 @@ use crate::state::State;
 use crate::Master;
 use floe_protocol::{RebalanceStatus, RecoveryStatus, ServerId};
 use plan::{health, Health};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -91,7 +91,7 @@ pub(crate) struct Progress {
 
 #[derive(Default)]
 struct Counters {
-    in_progress: HashSet<(u64, u64)>,
+    in_progress: BTreeSet<(u64, u64)>,
     /// Healthy chunks the map places elsewhere (moves only), and the state they were
     /// computed for: (map epoch, placement changes, servers up).
     misplaced: Vec<(u64, u64)>,
@@ -251,7 +251,7 @@ pub async fn run(master: Arc<Master>) {
             if late > SCAN_INTERVAL {
                 state.excuse_stall(late);
             }
-            let busy: HashSet<(u64, u64)> = [&master.recovery, &master.moves]
+            let busy: BTreeSet<(u64, u64)> = [&master.recovery, &master.moves]
                 .iter()
                 .flat_map(|p| p.counters.lock().unwrap().in_progress.clone())
                 .collect();

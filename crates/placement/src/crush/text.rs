@@ -3,7 +3,7 @@
 
 use super::builder::{BucketSpec, MapBuilder};
 use super::{CrushError, CrushMap, Mode, Rule, Step, Tunables, WEIGHT_ONE};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Compiles a text map.
 pub fn parse(text: &str) -> Result<CrushMap, CrushError> {
@@ -12,8 +12,8 @@ pub fn parse(text: &str) -> Result<CrushMap, CrushError> {
         tokens: &tokens,
         next: 0,
         builder: MapBuilder::new(Tunables::default()),
-        ids: HashMap::new(),
-        item_weights: HashMap::new(),
+        ids: BTreeMap::new(),
+        item_weights: BTreeMap::new(),
         used_bucket_ids: used_bucket_ids(&tokens),
     };
     parser.map()?;
@@ -66,9 +66,9 @@ struct Parser<'a> {
     next: usize,
     builder: MapBuilder,
     /// Device and bucket names -> ids.
-    ids: HashMap<String, i32>,
+    ids: BTreeMap<String, i32>,
     /// A bucket's total weight: the default weight of an `item` naming it.
-    item_weights: HashMap<i32, u32>,
+    item_weights: BTreeMap<i32, u32>,
     used_bucket_ids: BTreeSet<i32>,
 }
 
