@@ -3,7 +3,7 @@
 use crate::progress::Progress;
 use clap::Subcommand;
 use floe_client::master::MasterClient;
-use floe_protocol::snapshot::split_snapshot;
+use floe_protocol::snapshot::{split_snapshot, SNAPSHOT_CONFIRM_WAIT};
 use floe_protocol::{MasterRequest, MasterResponse};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -32,7 +32,9 @@ pub async fn run(master: &MasterClient, command: SnapshotCommand) -> Result<(), 
                 name: volume.into(),
                 snapshot: snapshot.into(),
             };
-            match master.call(request).await {
+            // The master waits for the writer to switch epochs; a margin for the rest.
+            let limit = SNAPSHOT_CONFIRM_WAIT + Duration::from_secs(5);
+            match master.call_within(request, limit).await {
                 Ok(MasterResponse::Snapshot(taken)) => {
                     println!("snapshot {text} taken (epoch {})", taken.epoch);
                     Ok(())

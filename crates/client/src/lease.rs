@@ -272,7 +272,10 @@ async fn renew(
                 snapshots: epochs,
                 ..
             }) => {
-                snapshots.send_if_modified(|current| std::mem::replace(current, epochs) != epochs);
+                snapshots.send_if_modified(|current| {
+                    let later = current.later(epochs);
+                    std::mem::replace(current, later) != later
+                });
                 {
                     let mut until = valid_until.lock().unwrap();
                     *until = (*until).max(sent + valid_for);

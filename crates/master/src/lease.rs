@@ -30,6 +30,10 @@ pub(crate) struct Lease {
     /// Its running out unreleased queued an audit already.
     #[serde(skip)]
     pub(crate) audited: bool,
+    /// It ran out while snapshots waited for its holder, which were then taken
+    /// without it: renewing it would let the holder write on in an older epoch.
+    #[serde(default)]
+    pub(crate) revoked: bool,
 }
 
 pub(crate) fn lease_key(volume_id: u64) -> String {
@@ -51,7 +55,7 @@ impl State {
     fn granted_before(&mut self, name: &str, holder: &str, attempt: u64) -> Option<Reply> {
         let volume = self.volume(name).ok()?;
         let lease = self.leases.get_mut(&volume.id)?;
-        let alive = lease.expires.is_some_and(|e| e > Instant::now());
+        let alive = !lease.revoked && lease.expires.is_some_and(|e| e > Instant::now());
         if !alive || attempt == 0 || (lease.holder.as_str(), lease.attempt) != (holder, attempt) {
             return None;
         }
@@ -73,6 +77,7 @@ impl State {
             // volume after closing it, and the new generation fences the old stack.
             let alive = lease
                 .expires
+                .filter(|_| !lease.revoked)
                 .and_then(|e| (e + LEASE_DRIFT_MARGIN).checked_duration_since(Instant::now()));
             if let Some(left) = alive.filter(|_| lease.holder != holder) {
                 return Err((
@@ -96,6 +101,7 @@ impl State {
             attempt,
             expires: None,
             audited: false,
+            revoked: false,
         };
         Ok((volume, lease))
     }
@@ -110,7 +116,7 @@ impl State {
     fn renew_lease(&mut self, name: &str, generation: u32) -> Reply {
         let volume = self.volume(name)?;
         match self.leases.get_mut(&volume.id) {
-            Some(lease) if lease.generation == generation => {
+            Some(lease) if lease.generation == generation && !lease.revoked => {
                 lease.expires = Some(Instant::now() + LEASE_TERM);
                 granted(&volume, generation, self)
             }
@@ -118,10 +124,11 @@ impl State {
                 Status::Fenced,
                 format!(
                     "the lease of volume {name} (generation {generation}) was lost{}",
-                    other.map_or(String::new(), |l| format!(
-                        " to {} (generation {})",
-                        l.holder, l.generation
-                    ))
+                    other.map_or(String::new(), |l| if l.generation == generation {
+                        " (it ran out, and snapshots were taken without its holder)".into()
+                    } else {
+                        format!(" to {} (generation {})", l.holder, l.generation)
+                    })
                 ),
             )),
         }

@@ -6,19 +6,18 @@
 //! epoch (it learns it with its next renewal, waits for its older writes to end, and
 //! confirms): only then does the snapshot stop changing, and it can be read.
 
-use crate::lease::LEASE_DRIFT_MARGIN;
-use crate::state::{chunk_key, State};
+use crate::lease::{lease_key, LEASE_DRIFT_MARGIN};
+use crate::state::{chunk_key, put, volume_key, State};
 use crate::{Failure, Master, Reply};
 use floe_metadata::Op;
-use floe_protocol::snapshot::{check_snapshot_name, split_index, SNAPSHOT_EPOCH_MAX};
+use floe_protocol::snapshot::{
+    check_snapshot_name, split_index, SNAPSHOT_CONFIRM_WAIT, SNAPSHOT_EPOCH_MAX,
+};
 use floe_protocol::{
     ChunkId, MasterResponse, ReplicaRequest, Snapshot, SnapshotEpochs, Status, Volume, WriteMode,
 };
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// How long creating a snapshot waits for the volume's writer to switch epochs.
-const CONFIRM_WAIT: Duration = Duration::from_secs(10);
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -29,9 +28,39 @@ fn now_ms() -> u64 {
 impl State {
     /// The generation of the volume's lease while it is alive.
     pub(crate) fn live_lease(&self, volume_id: u64) -> Option<u32> {
-        let lease = self.leases.get(&volume_id)?;
+        let lease = self.leases.get(&volume_id).filter(|l| !l.revoked)?;
         let expires = lease.expires?;
         (expires + LEASE_DRIFT_MARGIN > Instant::now()).then_some(lease.generation)
+    }
+
+    /// The generation of the volume's lease while its holder may still write: one
+    /// neither released nor revoked. A lease that ran out counts, as its holder may
+    /// renew it and write on (in the epoch it last knew).
+    pub(crate) fn writing_lease(&self, volume_id: u64) -> Option<u32> {
+        let lease = self.leases.get(&volume_id).filter(|l| !l.revoked)?;
+        lease.expires.map(|_| lease.generation)
+    }
+
+    /// Whether lease `generation` of the volume is the one its writer holds.
+    fn holds(&self, volume_id: u64, generation: u32) -> bool {
+        self.leases
+            .get(&volume_id)
+            .is_some_and(|l| l.generation == generation && !l.revoked)
+    }
+
+    /// Volumes with a snapshot still waiting for a writer whose lease ran out.
+    fn lapsed_with_pending_snapshots(&self) -> Vec<String> {
+        let now = Instant::now();
+        self.volumes
+            .values()
+            .filter(|v| v.snapshots.iter().any(|s| !s.ready))
+            .filter(|v| {
+                self.leases.get(&v.id).is_some_and(|l| {
+                    !l.revoked && l.expires.is_some_and(|e| e + LEASE_DRIFT_MARGIN < now)
+                })
+            })
+            .map(|v| v.spec.name.clone())
+            .collect()
     }
 
     /// What the volume's writer stamps and preserves.
@@ -56,7 +85,7 @@ impl State {
     }
 
     /// Snapshot `snapshot` of volume `name`, ready to read: a pending one whose
-    /// writer is gone (released or ran out) no longer changes either.
+    /// writer is gone (released, or revoked when it ran out) no longer changes either.
     pub(crate) fn readable_snapshot(
         &self,
         name: &str,
@@ -64,7 +93,7 @@ impl State {
     ) -> Result<Snapshot, Failure> {
         let volume = self.volume(name)?;
         let found = State::snapshot_of(&volume, snapshot)?;
-        if !found.ready && self.live_lease(volume.id).is_some() {
+        if !found.ready && self.writing_lease(volume.id).is_some() {
             return Err((
                 Status::Busy,
                 format!(
@@ -83,7 +112,7 @@ impl State {
     fn unread_deltas(&self, volume: &Volume) -> Vec<u64> {
         let oldest = volume.snapshots.iter().map(|s| s.epoch).min();
         let writing = self
-            .live_lease(volume.id)
+            .writing_lease(volume.id)
             .map(|_| self.writer_epochs.get(&volume.id).copied().unwrap_or(0));
         let Some(chunks) = self.chunks.get(&volume.id) else {
             return Vec::new();
@@ -142,7 +171,7 @@ impl Master {
                     epoch: volume.snapshot_epoch,
                     created_ms: now_ms(),
                     size_bytes: volume.spec.size_bytes,
-                    ready: state.live_lease(volume.id).is_none(),
+                    ready: state.writing_lease(volume.id).is_none(),
                 });
                 Ok(volume)
             })
@@ -151,7 +180,7 @@ impl Master {
         self.snapshots_changed.notify_waiters();
         // The epoch before may hold deltas no snapshot reads (all were deleted).
         self.free_unread_deltas(&volume).await;
-        let deadline = Instant::now() + CONFIRM_WAIT;
+        let deadline = Instant::now() + SNAPSHOT_CONFIRM_WAIT;
         loop {
             let confirmed = self.snapshot_confirmed.notified();
             match self.state().readable_snapshot(name, snapshot) {
@@ -162,6 +191,49 @@ impl Master {
                 Err(e) => return Err(e),
             }
             let _ = tokio::time::timeout_at(deadline, confirmed).await;
+        }
+    }
+
+    /// Takes the snapshots that wait for a writer whose lease ran out: the lease is
+    /// revoked with them (stored together), so its holder, if alive, can neither
+    /// renew it nor write on in the epoch before them.
+    pub(crate) async fn take_lapsed_snapshots(&self) {
+        let lapsed = self.state().lapsed_with_pending_snapshots();
+        for name in lapsed {
+            let taken = self
+                .change(
+                    |state| {
+                        if !state.lapsed_with_pending_snapshots().contains(&name) {
+                            return Err((Status::Busy, "taken meanwhile".into()));
+                        }
+                        let mut volume = state.volume(&name)?;
+                        let mut lease = state.leases[&volume.id].clone();
+                        lease.revoked = true;
+                        for snapshot in &mut volume.snapshots {
+                            snapshot.ready = true;
+                        }
+                        let ops = vec![
+                            put(lease_key(volume.id), &lease),
+                            put(volume_key(&name), &volume),
+                        ];
+                        Ok((ops, (volume, lease)))
+                    },
+                    |state, (volume, lease)| {
+                        state.leases.insert(volume.id, lease);
+                        state.volumes.insert(name.clone(), volume);
+                    },
+                )
+                .await;
+            match taken {
+                Ok(()) => {
+                    tracing::warn!(volume = %name, "lease revoked: it ran out while snapshots waited for its writer, which were taken without it");
+                    self.snapshot_confirmed.notify_waiters();
+                }
+                Err((Status::Busy, _)) => {}
+                Err((_, e)) => {
+                    tracing::warn!(volume = %name, "taking snapshots whose writer is gone: {e}")
+                }
+            }
         }
     }
 
@@ -179,7 +251,7 @@ impl Master {
             let now = {
                 let state = self.state();
                 let volume = state.volume(name)?;
-                if state.leases.get(&volume.id).map(|l| l.generation) != Some(generation) {
+                if !state.holds(volume.id, generation) {
                     return Err((
                         Status::Fenced,
                         format!("the lease of volume {name} (generation {generation}) was lost"),
@@ -204,7 +276,7 @@ impl Master {
         let volume = self
             .put_volume(|state| {
                 let mut volume = state.volume(name)?;
-                if state.leases.get(&volume.id).map(|l| l.generation) != Some(generation) {
+                if !state.holds(volume.id, generation) {
                     return Err((
                         Status::Fenced,
                         format!("the lease of volume {name} (generation {generation}) was lost"),

@@ -80,7 +80,7 @@ impl Master {
         let state = self.state();
         let mut volume = state.volume(name)?;
         // A pending snapshot whose writer is gone no longer changes.
-        let writer_gone = state.live_lease(volume.id).is_none();
+        let writer_gone = state.writing_lease(volume.id).is_none();
         for snapshot in &mut volume.snapshots {
             snapshot.ready |= writer_gone;
         }

@@ -17,6 +17,9 @@ pub const SNAPSHOT_TAG_SHIFT: u32 = 40;
 pub const SNAPSHOT_EPOCH_MAX: u32 = (1 << (62 - SNAPSHOT_TAG_SHIFT)) - 1;
 /// Blocks are preserved whole, at this size.
 pub const SNAPSHOT_BLOCK_BYTES: u64 = 4096;
+/// How long creating a snapshot waits for the volume's writer to switch epochs
+/// (longer than a lease term: a writer that stopped answering loses its lease).
+pub const SNAPSHOT_CONFIRM_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The delta chunk of live chunk `index` for snapshot epoch `epoch`.
 pub fn delta_index(epoch: u32, index: u64) -> u64 {
@@ -66,6 +69,20 @@ pub struct SnapshotEpochs {
     /// Some snapshot exists: overwritten blocks are preserved (none when every
     /// snapshot was deleted).
     pub preserving: bool,
+}
+
+impl SnapshotEpochs {
+    /// The newer of two answers: a reply sent before a snapshot was taken may arrive
+    /// after one sent later (renewals and long-polls race), and epochs never go back.
+    /// At one epoch `preserving` only turns off (the last snapshot deleted), and a
+    /// stale `true` costs a needless copy, never a lost block.
+    pub fn later(self, other: SnapshotEpochs) -> SnapshotEpochs {
+        if other.epoch >= self.epoch {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 /// Checks a snapshot name (the part after `@` in `VOLUME@SNAPSHOT`).

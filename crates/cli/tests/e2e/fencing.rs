@@ -10,14 +10,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Longer than the master's lease term (5 s) plus a renewal interval.
-const LEASE_EXPIRY_WAIT: Duration = Duration::from_secs(8);
+pub(crate) const LEASE_EXPIRY_WAIT: Duration = Duration::from_secs(8);
 /// Bounds only a gateway that never serves, however busy the machine.
 const GATEWAY_START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Holds a connection to the first gateway: writes 0xaa at 0, says "ready", waits for
 /// a line on stdin, then writes 0xcc at 0 and at 64 KiB (another chunk) and reports
 /// each outcome.
-const STALLED_CLIENT: &str = r#"
+pub(crate) const STALLED_CLIENT: &str = r#"
 import sys
 h.pwrite(b"\xaa" * 4096, 0)
 print("ready", flush=True)
@@ -30,12 +30,12 @@ for offset in (0, 65536):
         print(f"write {offset} refused: {e}", flush=True)
 "#;
 
-fn signal(pid: u32, signal: i32) {
+pub(crate) fn signal(pid: u32, signal: i32) {
     // SAFETY: kill(2) on a cluster process we started.
     assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
 }
 
-fn read_byte(uri: &str, offset: u64) -> String {
+pub(crate) fn read_byte(uri: &str, offset: u64) -> String {
     let out = qemu_io(uri, &[&format!("read -v {offset} 1")]);
     out.lines().next().unwrap_or_default().to_string()
 }

@@ -199,6 +199,62 @@ fn a_snapshot_reads_the_volume_as_it_was_while_writes_kills_and_repairs_go_on() 
     );
 }
 
+/// A snapshot taken while the writing gateway is stalled (SIGSTOP) is taken once its
+/// lease runs out, and the lease is revoked with it: when the gateway wakes, its
+/// writes are refused (a renewal would let it write on in the epoch before the
+/// snapshot, without preserving), and the snapshot keeps what was there.
+#[test]
+fn a_snapshot_taken_while_the_writer_is_stalled_revokes_its_lease() {
+    use crate::fencing::{read_byte, signal, STALLED_CLIENT};
+    let dir = TestDir::new();
+    let cluster = Cluster::start(dir.path());
+    let uri = cluster.uri().to_string();
+    let mut client = crate::cluster::nbdsh()
+        .args(["-u", &uri, "-c", STALLED_CLIENT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nbdsh starts");
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+
+    signal(cluster.info.gateway_pid, libc::SIGSTOP);
+    let started = Instant::now();
+    let created = cluster.floe(&["snapshot", "create", "demo@stalled"]);
+    assert!(created.contains("taken"), "{created}");
+    eprintln!(
+        "snapshot taken {:?} after the writer stalled",
+        started.elapsed()
+    );
+
+    signal(cluster.info.gateway_pid, libc::SIGCONT);
+    use std::io::Write;
+    writeln!(client.stdin.as_mut().unwrap()).unwrap();
+    let outcomes: Vec<String> = lines.by_ref().take(2).map(Result::unwrap).collect();
+    let _ = client.wait();
+    for outcome in &outcomes {
+        assert!(
+            outcome.contains("refused"),
+            "the stalled writer wrote on: {outcomes:?}"
+        );
+    }
+    let snapshot = format!("{uri}@stalled");
+    assert!(
+        read_byte(&snapshot, 0).contains("aa"),
+        "the snapshot lost 0xaa at 0"
+    );
+    assert!(
+        !read_byte(&snapshot, 65536).contains("cc"),
+        "a write of the revoked writer reached the snapshot"
+    );
+    let log = std::fs::read_to_string(dir.path().join("logs").join("gateway.log")).unwrap();
+    assert!(
+        log.contains("snapshots were taken without its holder"),
+        "{log}"
+    );
+}
+
 const COPY_CHANGED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/copy-changed.py");
 
 /// Delta chunks move with their live chunks: a CRUSH expansion that moves chunks

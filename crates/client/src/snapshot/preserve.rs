@@ -239,7 +239,7 @@ async fn follow(
             known: wanted,
             wait_ms: WATCH_WAIT.as_millis() as u64,
         };
-        wanted = tokio::select! {
+        let answer = tokio::select! {
             biased; // the simulator replays a seed exactly
             polled = confirm.call(watch) => match polled {
                 Some(MasterResponse::SnapshotEpochs(epochs)) => epochs,
@@ -251,6 +251,7 @@ async fn follow(
                 Err(_) => return,
             },
         };
+        wanted = wanted.later(answer);
     }
 }
 

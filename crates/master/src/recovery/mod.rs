@@ -237,6 +237,7 @@ pub async fn run(master: Arc<Master>) {
             state.audit_lapsed_leases();
             state.audits.clone().into_iter().collect()
         };
+        master.take_lapsed_snapshots().await;
         for (volume_id, generation) in audits {
             if master.audit(volume_id, generation).await {
                 let mut state = master.state();
