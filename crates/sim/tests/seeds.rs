@@ -148,6 +148,8 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (1127769332, "a restart on a disk filled past the store's floor could not checkpoint"),
     (567174403, "a repair a full disk interrupted stopped its server from starting again"),
     (6, "a whole-copy repair of a snapshot's delta chunk wrote the zeroes of the gaps it read across, so the copy's extents claimed blocks never preserved: the snapshot read zeroes there"),
+    (100174, "a lease renewal answered before a snapshot arrived after the long-poll that announced it: the writer's epoch went back (an assertion)"),
+    (100546, "a snapshot was taken once its partitioned writer's lease ran out, but the writer renewed the lapsed lease after the partition healed and wrote on in the older epoch without preserving"),
 ];
 
 /// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.
