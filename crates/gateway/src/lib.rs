@@ -1,6 +1,11 @@
-//! The gateway: exports Floe volumes over NBD. Each export name is a volume name; a
-//! volume opened by several NBD connections at once is one shared client stack, so
-//! every connection sees the same chunk allocations.
+//! The gateway: exports Floe volumes over NBD. Each export name is a volume name
+//! (or one of its read-only forms, see `export_name`); a volume opened by several
+//! NBD connections at once is one shared client stack, so every connection sees the
+//! same chunk allocations.
+
+mod export_name;
+
+use export_name::ExportName;
 
 use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
@@ -48,9 +53,9 @@ impl Exports for VolumeExports {
     /// now (or, on a `VOLUME@LATER` export, up to that snapshot).
     async fn meta_context(&self, export: &str, context: &str) -> Option<Vec<(u64, u64)>> {
         let since = context.strip_prefix(CHANGED_SINCE)?;
-        let (volume, until) = match floe_protocol::snapshot::split_snapshot(export) {
-            Some((volume, until)) => (volume, Some(until)),
-            None => (export, None),
+        let (volume, until) = match ExportName::parse(export).ok()? {
+            ExportName::Snapshot { volume, snapshot } => (volume, Some(snapshot)),
+            other => (other.volume(), None),
         };
         let changed =
             floe_client::snapshot::diff::changed(self.master.clone(), volume, since, until);
@@ -69,27 +74,33 @@ impl Exports for VolumeExports {
         if let Some(device) = open.get(name).and_then(Weak::upgrade) {
             return Ok(device);
         }
-        if let Some((volume, snapshot)) = floe_protocol::snapshot::split_snapshot(name) {
-            let device = floe_client::open_snapshot(self.master.clone(), volume, snapshot).await?;
-            open.retain(|_, d| d.strong_count() > 0);
-            open.insert(name.to_string(), Arc::downgrade(&device));
-            tracing::info!(volume, snapshot, "snapshot opened");
-            return Ok(device);
-        }
-        let access = match &self.holder {
-            Some(holder) => floe_client::Access::Write {
-                holder,
-                unretired_limit: self.unretired_limit,
-            },
-            None => match self.staleness {
-                Some(staleness) => floe_client::Access::Stale { staleness },
-                None => floe_client::Access::Read,
-            },
+        let device = match ExportName::parse(name)? {
+            ExportName::Snapshot { volume, snapshot } => {
+                tracing::info!(volume, snapshot, "opening a snapshot");
+                floe_client::open_snapshot(self.master.clone(), volume, snapshot).await?
+            }
+            ExportName::Stale { volume, staleness } => {
+                tracing::info!(volume, ?staleness, "opening for stale reads");
+                let access = floe_client::Access::Stale { staleness };
+                floe_client::open_volume(self.master.clone(), volume, access).await?
+            }
+            ExportName::Volume(volume) => {
+                let access = match &self.holder {
+                    Some(holder) => floe_client::Access::Write {
+                        holder,
+                        unretired_limit: self.unretired_limit,
+                    },
+                    None => match self.staleness {
+                        Some(staleness) => floe_client::Access::Stale { staleness },
+                        None => floe_client::Access::Read,
+                    },
+                };
+                tracing::info!(volume, "opening a volume");
+                floe_client::open_volume(self.master.clone(), volume, access).await?
+            }
         };
-        let device = floe_client::open_volume(self.master.clone(), name, access).await?;
         open.retain(|_, d| d.strong_count() > 0);
         open.insert(name.to_string(), Arc::downgrade(&device));
-        tracing::info!(volume = name, "volume opened");
         Ok(device)
     }
 }

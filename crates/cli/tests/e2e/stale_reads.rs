@@ -5,8 +5,9 @@
 //! never further behind the writer's acknowledged writes than the bound
 //! (stale_client.py checks each read against the acknowledgement times).
 
-use crate::cluster::{Cluster, TestDir};
-use crate::io_helpers::text;
+use crate::cluster::{output, Cluster, TestDir};
+use crate::fencing::{read_byte, signal};
+use crate::io_helpers::{qemu_io, text};
 use crate::write_modes::Gateway;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -15,9 +16,47 @@ const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/stale_clien
 const SECONDS: u64 = 24;
 const STALENESS: &str = "1s";
 
-fn signal(pid: u32, signal: i32) {
-    // SAFETY: kill(2) on a chunk server this test started (through the demo).
-    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+/// Any gateway, writable ones too, serves `VOLUME~STALENESS` as a stale-read attach:
+/// read-only, no lease (the volume stays writable through the same gateway), and a
+/// bound that is not a duration is refused by name.
+#[test]
+fn an_export_name_with_a_staleness_reads_from_any_gateway_read_only() {
+    let dir = TestDir::new();
+    let cluster = Cluster::start(dir.path());
+    let uri = cluster.uri().to_string();
+    qemu_io(&uri, &["write -P 0x5a 0 1M"]);
+    let stale = format!("{uri}~2s");
+    assert!(
+        read_byte(&stale, 4096).contains("5a"),
+        "{stale} does not read the volume"
+    );
+    // The volume is still writable (the stale attach took no lease), and the stale
+    // export reads the new bytes once their acknowledgement is further back than
+    // the bound.
+    qemu_io(&uri, &["write -P 0x6b 0 4k"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        read_byte(&stale, 0).contains("6b"),
+        "{stale} reads an old block"
+    );
+    let write = output(Command::new("qemu-io").args(["-f", "raw", "-c", "write 0 4k", &stale]));
+    assert!(
+        text(&write).contains("failed"),
+        "{stale} took a write:\n{}",
+        text(&write)
+    );
+    let bad = output(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "read 0 4k",
+        &format!("{uri}~soon"),
+    ]));
+    assert!(
+        !bad.status.success() && text(&bad).contains("not a duration"),
+        "a bad staleness was not refused clearly:\n{}",
+        text(&bad)
+    );
 }
 
 #[test]
