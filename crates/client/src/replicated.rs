@@ -60,6 +60,9 @@ const SUSPECT_FOR: Duration = Duration::from_secs(10);
 const SHORT_FOR: Duration = Duration::from_secs(5);
 /// A chunk that cannot commit for want of space looks for repairs this often.
 const SHORT_REFRESH: Duration = Duration::from_secs(1);
+/// How often a reader asking the replicas' versions reads the map again when one is in
+/// a later view before it gives up for now.
+const VIEW_RETRIES: usize = 3;
 
 /// Where a chunk request goes.
 struct Replicas {
@@ -606,7 +609,33 @@ impl ReplicatedChunks {
     /// For a reader: asks each good replica of chunk `index` its version at once,
     /// reporting nothing; `None` if the chunk is not allocated. See [`ReplicaVersions`].
     pub async fn replica_versions(&self, index: u64) -> Option<ReplicaVersions> {
-        let Replicas { good, placed, .. } = self.replicas(index)?;
+        // A replica in a view past the map's: the master moved the chunk, and the
+        // writer's majority may lie outside the replicas the map names. Read the map
+        // again and ask again; `None` if it cannot be read.
+        for _ in 0..VIEW_RETRIES {
+            match self.replica_versions_in_view(index).await? {
+                Ok(versions) => return Some(versions),
+                Err(view) => {
+                    tracing::debug!(
+                        chunk = index,
+                        view,
+                        "a replica is in a later view: map read again"
+                    );
+                    self.try_refresh().await.ok()?;
+                }
+            }
+        }
+        None
+    }
+
+    /// The replicas' versions, or the later view one of them is in.
+    async fn replica_versions_in_view(&self, index: u64) -> Option<Result<ReplicaVersions, u64>> {
+        let Replicas {
+            good,
+            placed,
+            view: map_view,
+            ..
+        } = self.replicas(index)?;
         let request = Request::Replica(ReplicaRequest::ChunkInfo {
             chunk: self.chunk_id(index),
             generation: 0,
@@ -623,6 +652,11 @@ impl ReplicatedChunks {
         };
         for ((id, address), answer) in good.into_iter().zip(answers) {
             match answer {
+                Ok(Response::Replica(ReplicaResponse::ChunkInfo { view, .. }))
+                    if view > map_view =>
+                {
+                    return Some(Err(view));
+                }
                 Ok(Response::Replica(ReplicaResponse::ChunkInfo { version, .. })) => {
                     let Some(server) = known.get(&id) else {
                         continue;
@@ -642,7 +676,7 @@ impl ReplicatedChunks {
                 }
             }
         }
-        Some(out)
+        Some(Ok(out))
     }
 
     /// Reads from the replica at `address` if it holds at least `min_version`.
@@ -704,11 +738,17 @@ impl ReplicatedChunks {
 
     /// Re-reads the volume map from the master.
     pub async fn refresh(&self) {
-        *self.refreshed_at.lock().unwrap() = Some(Instant::now());
-        match self.master.volume_map(&self.volume_name).await {
-            Ok(map) => self.absorb_map(map),
-            Err(e) => tracing::warn!("cannot refresh the volume map: {e}"),
+        if let Err(e) = self.try_refresh().await {
+            tracing::warn!("cannot refresh the volume map: {e}");
         }
+    }
+
+    /// Re-reads the volume map from the master; why not, if it could not.
+    pub async fn try_refresh(&self) -> Result<(), String> {
+        *self.refreshed_at.lock().unwrap() = Some(Instant::now());
+        let map = self.master.volume_map(&self.volume_name).await;
+        self.absorb_map(map.map_err(|e| e.to_string())?);
+        Ok(())
     }
 
     /// Leaves `server` behind on chunk `index` and tells the master, which marks the

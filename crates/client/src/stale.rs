@@ -15,8 +15,10 @@
 //! read never returns less than an earlier one, across switches of replica too, but
 //! for a change only a replica that died held (never acknowledged).
 //!
-//! A chunk the map shows unallocated reads as zeroes until the map is read again, at
-//! most `staleness` later.
+//! A chunk the map shows unallocated reads as zeroes while the map was read less
+//! than `staleness` ago; past that, it is read again first, and while the master
+//! cannot answer, the read waits (and fails after a while): zeroes then could hide
+//! writes acknowledged longer ago than the bound (simulator seed 1023).
 
 use crate::replicated::{ReplicaAt, ReplicatedChunks};
 use crate::stripe::ChunkIo;
@@ -82,8 +84,9 @@ pub struct StaleReads {
     in_flight: Mutex<BTreeMap<ServerId, u64>>,
     /// Running average of a read's time per server, in seconds.
     timed: Mutex<BTreeMap<ServerId, f64>>,
-    /// When the volume map was last read (the first time, just before opening).
-    map_read_at: tokio::sync::Mutex<Instant>,
+    /// When this layer last asked for the volume map (`None`: never; the map read
+    /// while opening is of an unknown moment before).
+    map_read_at: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl StaleReads {
@@ -94,7 +97,7 @@ impl StaleReads {
             reading: Mutex::default(),
             in_flight: Mutex::default(),
             timed: Mutex::default(),
-            map_read_at: tokio::sync::Mutex::new(Instant::now()),
+            map_read_at: tokio::sync::Mutex::default(),
         }
     }
 
@@ -148,12 +151,35 @@ impl StaleReads {
         *average += TIMING_WEIGHT * (took.as_secs_f64() - *average);
     }
 
-    /// Reads the volume map again if it is older than the staleness bound.
-    async fn refresh_map(&self) {
-        let mut read_at = self.map_read_at.lock().await;
-        if read_at.elapsed() >= self.staleness {
-            *read_at = Instant::now();
-            self.chunks.refresh().await;
+    /// Whether chunk `index` is allocated, as of a map read less than the staleness
+    /// bound ago (read again if older, waiting while the master does not answer).
+    async fn allocated(&self, index: u64) -> Result<bool, IoError> {
+        let deadline = Instant::now() + READ_DEADLINE;
+        loop {
+            if self.chunks.is_allocated(index) {
+                return Ok(true);
+            }
+            {
+                let mut read_at = self.map_read_at.lock().await;
+                if read_at.is_some_and(|at| at.elapsed() < self.staleness) {
+                    return Ok(self.chunks.is_allocated(index));
+                }
+                let asked_at = Instant::now();
+                match self.chunks.try_refresh().await {
+                    Ok(()) => {
+                        *read_at = Some(asked_at);
+                        return Ok(self.chunks.is_allocated(index));
+                    }
+                    Err(e) if Instant::now() > deadline => {
+                        return Err(IoError::Io(format!(
+                            "chunk {index}: the volume map is older than the staleness bound \
+                             and cannot be read again: {e}"
+                        )))
+                    }
+                    Err(e) => tracing::warn!("stale reads wait for the volume map: {e}"),
+                }
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
 
@@ -162,6 +188,8 @@ impl StaleReads {
     async fn ask(&self, index: u64, reading: &mut Reading) {
         let asked_at = Instant::now();
         let Some(versions) = self.chunks.replica_versions(index).await else {
+            // Unasked, the bound cannot be kept: no replica until asked again.
+            reading.from = None;
             return;
         };
         let Some(acknowledged) = versions.acknowledged_floor() else {
@@ -206,11 +234,8 @@ impl StaleReads {
 #[async_trait]
 impl ChunkIo for StaleReads {
     async fn read(&self, index: u64, offset: u64, length: u32) -> Result<Bytes, IoError> {
-        if !self.chunks.is_allocated(index) {
-            self.refresh_map().await;
-            if !self.chunks.is_allocated(index) {
-                return Ok(BytesMut::zeroed(length as usize).freeze());
-            }
+        if !self.allocated(index).await? {
+            return Ok(BytesMut::zeroed(length as usize).freeze());
         }
         let cell = self.cell(index);
         let deadline = Instant::now() + READ_DEADLINE;

@@ -39,6 +39,15 @@ struct History {
     busy: bool,
     /// Content id of the write in progress, if any.
     in_flight: Option<u64>,
+    /// Every write begun, in order, with when it was acknowledged (stale reads).
+    log: Vec<Logged>,
+}
+
+/// A write in a block's log.
+#[derive(Clone, Copy, Debug)]
+struct Logged {
+    id: u64,
+    acked_at: Option<Duration>,
 }
 
 /// A write after a block's floor.
@@ -71,6 +80,10 @@ struct Inner {
     violations: Vec<String>,
     snapshots: Vec<SnapshotCheck>,
     snapshot_reads: u64,
+    /// Per block, the acknowledged writes the stale reader has seen (a rank: how
+    /// many of the block's acknowledged writes its read held).
+    stale_seen: BTreeMap<u64, usize>,
+    stale_reads: u64,
 }
 
 /// What a snapshot may hold: per block, the writes acknowledged or in doubt when its
@@ -167,7 +180,9 @@ impl Ledger {
         held.write = Some(id);
         held.began = inner.next_seq();
         for block in held.first..held.first + held.count {
-            inner.blocks.get_mut(&block).unwrap().in_flight = Some(id);
+            let history = inner.blocks.get_mut(&block).unwrap();
+            history.in_flight = Some(id);
+            history.log.push(Logged { id, acked_at: None });
             for snapshot in inner.snapshots.iter_mut().filter(|s| s.open) {
                 snapshot.allowed.entry(block).or_default().push(id);
             }
@@ -330,6 +345,71 @@ impl Ledger {
     }
 }
 
+impl Ledger {
+    /// Checks a stale read of `data` from block `first` on, begun at `began` with
+    /// bound `staleness`: each block holds a write (acknowledged or not) no older
+    /// than the last one acknowledged before `began - staleness`, nor older than
+    /// what an earlier stale read of the block held (monotonic reads). Blocks are
+    /// ranked by the acknowledged writes they hold; an unacknowledged write ranks
+    /// with the acknowledged one before it, and zeroes (one content, many places in
+    /// a log) take their lowest rank that passes, so the check never guesses high.
+    pub fn check_stale_read(&self, first: u64, data: &[u8], began: Duration, staleness: Duration) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.stale_reads += 1;
+        let due = began.saturating_sub(staleness);
+        for (i, block_data) in data.chunks(BLOCK_BYTES as usize).enumerate() {
+            let block = first + i as u64;
+            let log = &inner.blocks[&block].log;
+            // Rank of each place in the log; the block's first state (zeroes) ranks 0.
+            let mut places = vec![(0u64, 0usize)];
+            let mut rank = 0;
+            for logged in log {
+                rank += usize::from(logged.acked_at.is_some());
+                places.push((logged.id, rank));
+            }
+            let bound = log
+                .iter()
+                .filter(|l| l.acked_at.is_some_and(|at| began >= staleness && at < due))
+                .count();
+            let seen = inner.stale_seen.get(&block).copied().unwrap_or(0);
+            let floor = bound.max(seen);
+            let found = content_of(block_data, block);
+            let held = found.and_then(|id| {
+                places
+                    .iter()
+                    .filter(|(place, rank)| *place == id && *rank >= floor)
+                    .map(|(_, rank)| *rank)
+                    .min()
+            });
+            match held {
+                Some(rank) => {
+                    inner.stale_seen.insert(block, rank);
+                }
+                None => {
+                    let found =
+                        found.map_or("torn or foreign data".into(), |id| format!("write {id}"));
+                    let log: Vec<(u64, Option<f64>)> = log
+                        .iter()
+                        .map(|l| (l.id, l.acked_at.map(|a| a.as_secs_f64())))
+                        .collect();
+                    let message = format!(
+                        "stale read (bound {staleness:?}) begun at {began:?}: block {block} holds \
+                         {found}, older than the {floor}th acknowledged write (due by the \
+                         bound: {bound}, seen before: {seen}); the block's writes (id, acked \
+                         at s): {log:?}"
+                    );
+                    inner.violations.push(message);
+                }
+            }
+        }
+    }
+
+    /// Blocks stale reads returned and checked.
+    pub fn stale_reads(&self) -> u64 {
+        self.inner.lock().unwrap().stale_reads
+    }
+}
+
 impl Inner {
     fn next_seq(&mut self) -> u64 {
         self.seq += 1;
@@ -348,7 +428,10 @@ impl Held {
         for block in self.first..self.first + self.count {
             let history = inner.blocks.get_mut(&block).unwrap();
             match acked {
-                Some((_, _, durability)) => {
+                Some((at, _, durability)) => {
+                    let logged = history.log.last_mut().expect("logged when begun");
+                    assert_eq!(logged.id, id, "one write at a time per block");
+                    logged.acked_at = Some(at);
                     history.acked = id;
                     history.acked_began = self.began;
                     history.uncertain.clear();

@@ -28,6 +28,7 @@ pub mod ledger;
 pub mod network;
 pub mod observe;
 pub mod scenario;
+pub mod stale_reader;
 pub mod workload;
 
 pub use floe_protocol::WriteMode;

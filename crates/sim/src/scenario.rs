@@ -34,6 +34,8 @@ pub struct Report {
     pub reads_checked: u64,
     /// Blocks of snapshots read at the end and checked.
     pub snapshot_reads: u64,
+    /// Stale reads checked.
+    pub stale_reads: u64,
     /// FLUSHes that succeeded (write-back).
     pub flushes: u64,
     pub events: Vec<String>,
@@ -68,6 +70,9 @@ struct Run {
     snapshot_rng: StdRng,
     /// Snapshots taken so far.
     snapshots: u32,
+    /// Draws whether a stale reader runs, and its bound (write-through seeds), apart
+    /// from `rng` too.
+    stale_rng: StdRng,
     seed: u64,
     cluster: Cluster,
     network: Arc<Network>,
@@ -129,6 +134,7 @@ pub async fn run(seed: u64, write_mode: WriteMode) -> Result<Report, (Vec<String
         power_rng: StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
         snapshot_rng: StdRng::seed_from_u64(seed ^ 0x5a5a_1234_c3c3_8765),
         snapshots: 0,
+        stale_rng: StdRng::seed_from_u64(seed ^ 0x3c3c_5a5a_0f0f_a5a5),
         seed,
         cluster,
         network: network.clone(),
@@ -166,6 +172,7 @@ pub async fn run(seed: u64, write_mode: WriteMode) -> Result<Report, (Vec<String
         writes_acked: run.ledger.writes_acked(),
         reads_checked: run.ledger.reads_checked(),
         snapshot_reads: run.ledger.snapshot_reads(),
+        stale_reads: run.ledger.stale_reads(),
         flushes: run.ledger.flushes(),
         events: run.events,
         trace: network.trace_hash(),
@@ -230,6 +237,7 @@ impl Run {
                 .collect::<Vec<_>>(),
         );
         self.take_over(0).await?;
+        self.maybe_stale_reader();
 
         while self.network.now() < WORKLOAD_TIME {
             let pause = Duration::from_millis(self.rng.gen_range(200..2_500));
@@ -323,6 +331,32 @@ impl Run {
             if let Ok(MasterResponse::Snapshot(_)) = admin.call(request).await {
                 ledger.snapshot_taken(&name);
             }
+        });
+    }
+
+    /// On half the write-through seeds (the ledger's bound assumes every
+    /// acknowledged write durable), a stale reader with a bound of 0.2-3 s reads
+    /// beside the writers.
+    fn maybe_stale_reader(&mut self) {
+        if self.write_mode != WriteMode::WriteThrough || !self.stale_rng.gen_bool(0.5) {
+            return;
+        }
+        let staleness = Duration::from_millis(self.stale_rng.gen_range(200..3_000));
+        self.event(format!("a stale reader attaches (bound {staleness:?})"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(crate::stale_reader::read(
+            self.stale_rng.gen(),
+            staleness,
+            self.ledger.clone(),
+            self.network.clone(),
+            self.groups.clone(),
+            stop.clone(),
+        ));
+        // Stopped with the writers; no gateway's failure stops it.
+        self.workers.push(Workers {
+            gateway: usize::MAX,
+            stop,
+            tasks: vec![task],
         });
     }
 

@@ -62,8 +62,8 @@ fn seeds() {
                     println!("{e}");
                 }
                 println!(
-                    "seed {seed}: ok, {} writes acknowledged, {} reads checked, {} flushes, {} messages, {:?} virtual",
-                    report.writes_acked, report.reads_checked, report.flushes, report.trace.1, report.virtual_time
+                    "seed {seed}: ok, {} writes acknowledged, {} reads checked, {} stale reads checked, {} flushes, {} messages, {:?} virtual",
+                    report.writes_acked, report.reads_checked, report.stale_reads, report.flushes, report.trace.1, report.virtual_time
                 );
             }
             Err(failure) => panic!("{failure}"),
@@ -80,7 +80,7 @@ fn seeds() {
     let keep_going = std::env::var_os("FLOE_SIM_KEEP_GOING").is_some();
     // Seeds are independent: one thread per core, each taking the next seed.
     let next = AtomicU64::new(base);
-    let totals = Mutex::new((0, 0, 0, Vec::new(), 0));
+    let totals = Mutex::new((0, 0, 0, Vec::new(), 0, 0));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..threads {
@@ -97,6 +97,7 @@ fn seeds() {
                         totals.1 += report.reads_checked;
                         totals.2 += report.flushes;
                         totals.4 += report.snapshot_reads;
+                        totals.5 += report.stale_reads;
                     }
                     Err(failure) => {
                         println!("{failure}");
@@ -106,10 +107,11 @@ fn seeds() {
             });
         }
     });
-    let (writes, reads, flushes, mut failed, snapshot_reads) = totals.into_inner().unwrap();
+    let (writes, reads, flushes, mut failed, snapshot_reads, stale_reads) =
+        totals.into_inner().unwrap();
     failed.sort_unstable();
     println!(
-        "{count} seeds from {base}, {} failed, {writes} acknowledged writes, {reads} reads checked, {snapshot_reads} snapshot blocks checked, {flushes} flushes, in {:.1?}",
+        "{count} seeds from {base}, {} failed, {writes} acknowledged writes, {reads} reads checked, {snapshot_reads} snapshot blocks checked, {stale_reads} stale reads checked, {flushes} flushes, in {:.1?}",
         failed.len(),
         started.elapsed()
     );
@@ -150,6 +152,9 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (6, "a whole-copy repair of a snapshot's delta chunk wrote the zeroes of the gaps it read across, so the copy's extents claimed blocks never preserved: the snapshot read zeroes there"),
     (100174, "a lease renewal answered before a snapshot arrived after the long-poll that announced it: the writer's epoch went back (an assertion)"),
     (100546, "a snapshot was taken once its partitioned writer's lease ran out, but the writer renewed the lapsed lease after the partition healed and wrote on in the older epoch without preserving"),
+    (1023, "a stale reader read a chunk allocated since its map was read as zeroes while the master was down, past the bound"),
+    (1051, "a stale reader's map named a replica the master had moved away (it answered version 0 in a later view): the acknowledged floor fell below a write acknowledged by the new replicas"),
+    (1191, "a stale reader timed its map from when the layer was built, not from before the map was read: a chunk allocated between read as zeroes past the bound"),
 ];
 
 /// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.
