@@ -6,7 +6,8 @@
 use crate::cluster::{free_ports, nbdsh, output, Cluster, FLOE};
 use crate::io_helpers::{qemu_io, text};
 use crate::nbd_raw::wait_for_nbd_server;
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader, Lines, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 /// Longer than the master's lease term (5 s) plus a renewal interval.
@@ -17,7 +18,7 @@ const GATEWAY_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Holds a connection to the first gateway: writes 0xaa at 0, says "ready", waits for
 /// a line on stdin, then writes 0xcc at 0 and at 64 KiB (another chunk) and reports
 /// each outcome.
-pub(crate) const STALLED_CLIENT: &str = r#"
+const STALLED_CLIENT: &str = r#"
 import sys
 h.pwrite(b"\xaa" * 4096, 0)
 print("ready", flush=True)
@@ -29,6 +30,41 @@ for offset in (0, 65536):
     except nbd.Error as e:
         print(f"write {offset} refused: {e}", flush=True)
 "#;
+
+/// An nbdsh client running `STALLED_CLIENT`: it wrote 0xaa at 0 and waits.
+pub(crate) struct StalledClient {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl StalledClient {
+    pub(crate) fn start(uri: &str) -> StalledClient {
+        let mut child = nbdsh()
+            .args(["-u", uri, "-c", STALLED_CLIENT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("nbdsh starts");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "ready");
+        StalledClient { child, lines }
+    }
+
+    /// Lets it write 0xcc at 0 and at 64 KiB through its old connection; both
+    /// writes must be refused.
+    pub(crate) fn assert_writes_refused(mut self) {
+        writeln!(self.child.stdin.as_mut().unwrap()).unwrap();
+        let outcomes: Vec<String> = self.lines.by_ref().take(2).map(Result::unwrap).collect();
+        let _ = self.child.wait();
+        for outcome in &outcomes {
+            assert!(
+                outcome.contains("refused"),
+                "the stalled writer got through: {outcomes:?}"
+            );
+        }
+    }
+}
 
 pub(crate) fn signal(pid: u32, signal: i32) {
     // SAFETY: kill(2) on a cluster process we started.
@@ -42,20 +78,10 @@ pub(crate) fn read_byte(uri: &str, offset: u64) -> String {
 
 #[test]
 fn stalled_gateway_is_fenced_after_its_lease_moves() {
-    use std::io::{BufRead, BufReader, Write};
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path());
     let first = cluster.uri().to_string();
-
-    let mut client: Child = nbdsh()
-        .args(["-u", &first, "-c", STALLED_CLIENT])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("nbdsh starts");
-    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let client = StalledClient::start(&first);
 
     // A second gateway on the same volume.
     let port = free_ports();
@@ -117,15 +143,7 @@ fn stalled_gateway_is_fenced_after_its_lease_moves() {
 
     // The first wakes up and tries to write through its old lease.
     signal(cluster.info.gateway_pid, libc::SIGCONT);
-    writeln!(client.stdin.as_mut().unwrap()).unwrap();
-    let outcomes: Vec<String> = lines.by_ref().take(2).map(Result::unwrap).collect();
-    let _ = client.wait();
-    for outcome in &outcomes {
-        assert!(
-            outcome.contains("refused"),
-            "stalled writer got through: {outcomes:?}"
-        );
-    }
+    client.assert_writes_refused();
     assert!(
         read_byte(&second, 0).contains("bb"),
         "the second writer's data is there"

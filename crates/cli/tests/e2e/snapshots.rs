@@ -205,19 +205,11 @@ fn a_snapshot_reads_the_volume_as_it_was_while_writes_kills_and_repairs_go_on() 
 /// snapshot, without preserving), and the snapshot keeps what was there.
 #[test]
 fn a_snapshot_taken_while_the_writer_is_stalled_revokes_its_lease() {
-    use crate::fencing::{read_byte, signal, STALLED_CLIENT};
+    use crate::fencing::{read_byte, signal, StalledClient};
     let dir = TestDir::new();
     let cluster = Cluster::start(dir.path());
     let uri = cluster.uri().to_string();
-    let mut client = crate::cluster::nbdsh()
-        .args(["-u", &uri, "-c", STALLED_CLIENT])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("nbdsh starts");
-    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let client = StalledClient::start(&uri);
 
     signal(cluster.info.gateway_pid, libc::SIGSTOP);
     let started = Instant::now();
@@ -227,18 +219,8 @@ fn a_snapshot_taken_while_the_writer_is_stalled_revokes_its_lease() {
         "snapshot taken {:?} after the writer stalled",
         started.elapsed()
     );
-
     signal(cluster.info.gateway_pid, libc::SIGCONT);
-    use std::io::Write;
-    writeln!(client.stdin.as_mut().unwrap()).unwrap();
-    let outcomes: Vec<String> = lines.by_ref().take(2).map(Result::unwrap).collect();
-    let _ = client.wait();
-    for outcome in &outcomes {
-        assert!(
-            outcome.contains("refused"),
-            "the stalled writer wrote on: {outcomes:?}"
-        );
-    }
+    client.assert_writes_refused();
     let snapshot = format!("{uri}@stalled");
     assert!(
         read_byte(&snapshot, 0).contains("aa"),
