@@ -17,8 +17,21 @@ fn a_read_never_returns_a_corrupt_block_and_the_bad_copy_is_healed() {
     // server's chunk file), both at 4096: volume bytes 4096 and 64 KiB + 4096.
     let (primary, backup) = (placement[&0][0], placement[&1][1]);
     let good = read16(&chunk_file(&cluster, primary, 0), 4096);
+    // The hdd backup journals the write's 64 KiB pieces: its replay into the chunk
+    // file, once done, would otherwise overwrite the bit rot unseen.
+    let backup_file = chunk_file(&cluster, backup, 1);
+    let started = Instant::now();
+    let short =
+        |path: &std::path::Path| std::fs::metadata(path).map_or(true, |m| m.len() < 4096 + 16);
+    while short(&backup_file) || read16(&backup_file, 4096) != good {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the backup's journal was not replayed into its chunk file"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     corrupt(&chunk_file(&cluster, primary, 0), 4096);
-    corrupt(&chunk_file(&cluster, backup, 1), 4096);
+    corrupt(&backup_file, 4096);
     // The primary's bad block is read, found bad, and read from a backup instead.
     ok(nbdsh().args([
         "-u",
