@@ -99,9 +99,12 @@ async fn a_full_disk_refuses_writes_up_front_and_frees_on_delete(options: Option
         .delete_volume(1)
         .await
         .expect("a delete on a full disk");
+    // Within a journal quota (8 MiB) of the first fill: how much the log and the
+    // journals hold when a fill stops depends on when their background replay and
+    // checkpoint ran (CI once saw 108 MiB after 111).
     let second = fill(&store, 2).await;
     assert!(
-        second + 2 >= first,
+        second + 8 >= first,
         "after the delete {second} MiB fit, before it {first}"
     );
     check(&store, 2, second).await;
