@@ -56,7 +56,8 @@ enum Later {
 }
 
 struct Workers {
-    gateway: usize,
+    /// The gateway they run on; `None`: the stale reader, which no gateway's failure stops.
+    gateway: Option<usize>,
     stop: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -352,9 +353,9 @@ impl Run {
             self.groups.clone(),
             stop.clone(),
         ));
-        // Stopped with the writers; no gateway's failure stops it.
+        // Stopped with the writers.
         self.workers.push(Workers {
-            gateway: usize::MAX,
+            gateway: None,
             stop,
             tasks: vec![task],
         });
@@ -623,7 +624,7 @@ impl Run {
             .collect();
         drop(device);
         self.workers.push(Workers {
-            gateway: n,
+            gateway: Some(n),
             stop,
             tasks,
         });
@@ -632,12 +633,12 @@ impl Run {
 
     /// Stops gateway `n`'s workers at once, as if its process died.
     fn stop_gateway(&mut self, n: usize) {
-        for workers in self.workers.iter().filter(|w| w.gateway == n) {
+        for workers in self.workers.iter().filter(|w| w.gateway == Some(n)) {
             for task in &workers.tasks {
                 task.abort();
             }
         }
-        self.workers.retain(|w| w.gateway != n);
+        self.workers.retain(|w| w.gateway != Some(n));
     }
 
     /// Asks every worker to finish its operation; those that cannot (their gateway is
