@@ -387,7 +387,38 @@ pub async fn status(master: &MasterClient) -> Result<(), String> {
         println!("  last move failed: {error}");
     }
     print_integrity(&status);
+    print_reclaim(&status);
     Ok(())
+}
+
+/// The space of deleted snapshots being freed, for `floe status`.
+fn print_reclaim(status: &ClusterStatus) {
+    let r = &status.reclaim;
+    let limit = match r.limit_per_second {
+        0 => "unlimited".to_string(),
+        n => format!("at most {n}/s"),
+    };
+    if r.chunks_left == 0 {
+        println!(
+            "snapshot space: nothing to free; {} delta chunks freed ({limit})",
+            r.chunks_freed
+        );
+        return;
+    }
+    println!(
+        "snapshot space: {} delta chunks of deleted snapshots to free (up to {}), {}/s now ({limit}){}; {} freed",
+        r.chunks_left,
+        size::format(r.bytes_left),
+        r.chunks_per_second,
+        match r.eta_seconds {
+            Some(eta) => format!(", about {eta} s left"),
+            None => String::new(),
+        },
+        r.chunks_freed
+    );
+    if let Some(why) = &r.waiting {
+        println!("  waiting: {why}");
+    }
 }
 
 /// Block checksums and the background scrub, for `floe status`.

@@ -97,6 +97,10 @@ enum Command {
         /// Read rate of a background scrub over all replicas, e.g. 50M (0: unlimited).
         #[arg(long, default_value = "50M", value_parser = size::parse)]
         scrub_rate: u64,
+        /// Delta chunks of deleted snapshots freed per second, in the background
+        /// (0: unlimited).
+        #[arg(long, default_value_t = floe_master::reclaim::ReclaimSettings::default().chunks_per_second)]
+        snapshot_free_rate: u32,
     },
     /// Run a chunk server on one data directory (`floe chunkserver --dir ...`), or
     /// administer one (`floe chunkserver mark-lost ID`).
@@ -394,6 +398,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             placement,
             scrub_interval,
             scrub_rate,
+            snapshot_free_rate,
         } => {
             let settings = floe_master::Settings {
                 recovery: floe_master::recovery::Limits {
@@ -408,6 +413,9 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 scrub: floe_master::recovery::ScrubSettings {
                     interval: (!scrub_interval.is_zero()).then_some(scrub_interval),
                     bytes_per_second: scrub_rate,
+                },
+                reclaim: floe_master::reclaim::ReclaimSettings {
+                    chunks_per_second: snapshot_free_rate,
                 },
             };
             floe_master::run(bind(&listen).await?, &metadata, settings).await

@@ -15,8 +15,9 @@ pub enum SnapshotCommand {
     /// List a volume's snapshots, with the bytes of blocks preserved from each one
     /// on until the next (what the volume's writes since it have copied).
     List { volume: String },
-    /// Delete a snapshot; the space its preserved blocks take comes back once no
-    /// older snapshot reads them.
+    /// Delete a snapshot at once; the space its preserved blocks take comes back in
+    /// the background, throttled (`floe master --snapshot-free-rate`), once no older
+    /// snapshot reads them.
     Delete { target: String },
 }
 
@@ -71,6 +72,16 @@ pub async fn run(master: &MasterClient, command: SnapshotCommand) -> Result<(), 
                     if s.ready { "ready" } else { "pending" }
                 );
             }
+            // Deltas below the oldest snapshot left are what deleted ones preserved.
+            let oldest = snapshots.first().map_or(u32::MAX, |s| s.epoch);
+            let deleted: u64 = preserved.range(..oldest).map(|(_, b)| b).sum();
+            if deleted > 0 {
+                println!(
+                    "{} preserved for deleted snapshots is being freed in the background \
+                     (`floe status` shows the progress)",
+                    crate::size::format(deleted)
+                );
+            }
             Ok(())
         }
         SnapshotCommand::Delete { target: text } => {
@@ -83,7 +94,9 @@ pub async fn run(master: &MasterClient, command: SnapshotCommand) -> Result<(), 
                 .call(request)
                 .await
                 .map_err(|e| format!("cannot delete snapshot {text}: {e}"))?;
-            println!("deleted snapshot {text}");
+            println!(
+                "deleted snapshot {text}; its space is freed in the background (`floe status` shows the progress)"
+            );
             Ok(())
         }
     }

@@ -26,6 +26,11 @@ const BUSY_RETRY: Duration = Duration::from_millis(250);
 /// The holder stops writing this long before its term ends by its own clock, for
 /// clock drift and the time a write takes from the check to its acknowledgement.
 pub const DRIFT_MARGIN: Duration = Duration::from_millis(500);
+/// How long a write waits for a master that does not answer (restarting, or cut
+/// off) before it fails: for its lease to be renewed, or for a chunk's allocation.
+pub const MASTER_WAIT: Duration = Duration::from_secs(60);
+/// How often a waiting write looks again.
+const MASTER_RETRY: Duration = Duration::from_millis(100);
 
 pub struct Lease {
     master: Arc<MasterClient>,
@@ -196,6 +201,38 @@ impl Lease {
             )));
         }
         Ok(())
+    }
+
+    /// [`Lease::check`], but while the lease has only run out (the master did not
+    /// answer its renewals: a renewal may still succeed, as after a master restart),
+    /// waits for one, up to [`MASTER_WAIT`]. For a change that has not taken its
+    /// version yet: nothing of it is sent while it waits.
+    pub async fn wait_valid(&self) -> Result<(), IoError> {
+        let deadline = Instant::now() + MASTER_WAIT;
+        let mut logged = false;
+        loop {
+            match self.check() {
+                Ok(()) => {
+                    if logged {
+                        tracing::info!(volume = %self.volume, "lease renewed: writes go on");
+                    }
+                    return Ok(());
+                }
+                Err(e) if self.lost.lock().unwrap().is_some() || Instant::now() >= deadline => {
+                    return Err(e)
+                }
+                Err(_) if !logged => {
+                    tracing::warn!(
+                        volume = %self.volume,
+                        generation = self.generation,
+                        "the lease ran out: the master has not renewed it (unreachable?); writes wait for a renewal (at most {MASTER_WAIT:?})"
+                    );
+                    logged = true;
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(MASTER_RETRY).await;
+        }
     }
 
     /// Records that a chunk server fenced us off.

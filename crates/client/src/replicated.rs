@@ -25,7 +25,7 @@
 
 mod write_back;
 
-use crate::lease::Lease;
+use crate::lease::{Lease, MASTER_WAIT};
 use crate::master::MasterClient;
 use crate::stripe::ChunkIo;
 use async_trait::async_trait;
@@ -372,18 +372,34 @@ impl ReplicatedChunks {
         })
     }
 
+    /// Asks the master to allocate chunk `index`; while it cannot be reached (a
+    /// restart), asks again for up to [`MASTER_WAIT`] rather than fail the write.
     async fn allocate(&self, index: u64) -> Result<(), IoError> {
         let proposal = self.propose(index);
-        let reply = self
-            .master
-            .call(MasterRequest::AllocateChunk {
+        let deadline = Instant::now() + MASTER_WAIT;
+        let mut logged = false;
+        let reply = loop {
+            let request = MasterRequest::AllocateChunk {
                 volume_id: self.volume_id,
                 index,
                 proposal: proposal.clone(),
                 epoch: self.epoch.load(Ordering::Relaxed),
-            })
-            .await
-            .map_err(io_error)?;
+            };
+            match self.master.call(request).await {
+                Ok(reply) => break reply,
+                Err(e) if is_transport(&e) && Instant::now() < deadline => {
+                    if !logged {
+                        tracing::warn!(
+                            chunk = index,
+                            "the master cannot be reached to allocate a chunk ({e}); its writes wait (at most {MASTER_WAIT:?})"
+                        );
+                        logged = true;
+                    }
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(e) => return Err(io_error(e)),
+            }
+        };
         let MasterResponse::Chunk { placement, servers } = reply else {
             return Err(IoError::Io(format!(
                 "master answered allocation with {reply:?}"
@@ -891,9 +907,11 @@ impl ReplicatedChunks {
         make: impl Fn(Stamp, Vec<String>) -> Request,
     ) -> Result<(), IoError> {
         let lease = self.lease.as_ref().ok_or(IoError::ReadOnly)?;
-        lease.check()?;
+        lease.wait_valid().await?;
         self.learn_version(index).await?;
         self.refuse_while_blocked(index).await?;
+        // Learning the version may have taken a while.
+        lease.wait_valid().await?;
         let mut stamp = {
             let mut chunks = self.chunks.lock().unwrap();
             let chunk = chunks.get_mut(&index).expect("allocated");
@@ -1063,7 +1081,8 @@ impl ChunkIo for ReplicatedChunks {
 
     async fn write(&self, index: u64, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
         if self.replicas(index).is_none() {
-            self.lease.as_ref().ok_or(IoError::ReadOnly)?.check()?;
+            let lease = self.lease.as_ref().ok_or(IoError::ReadOnly)?;
+            lease.wait_valid().await?;
             self.allocate(index).await?;
         }
         let chunk = self.chunk_id(index);

@@ -8,7 +8,8 @@
 //! - [`volumes`]: create, list, map, resize, delete; [`qos`]: rate limits.
 //! - [`chunks`]: allocation on first write, laggard reports.
 //! - [`lease`]: the single-writer lease of a volume.
-//! - [`snapshots`]: snapshot epochs, and freeing the delta chunks none reads.
+//! - [`snapshots`]: snapshot epochs; [`reclaim`]: freeing, in the background, the
+//!   delta chunks no snapshot reads.
 //! - [`map`]: the cluster map (expand, remap, shrink, merge).
 //! - [`status`]: `floe status`.
 //! - [`recovery`]: view changes that repair and move chunks, and scrub.
@@ -24,6 +25,7 @@ mod lease;
 mod map;
 mod membership;
 pub mod qos;
+pub mod reclaim;
 pub mod recovery;
 mod snapshots;
 mod state;
@@ -55,6 +57,8 @@ pub struct Settings {
     pub placement: PlacementMode,
     /// The background scrub.
     pub scrub: recovery::ScrubSettings,
+    /// Freeing the space of deleted snapshots.
+    pub reclaim: reclaim::ReclaimSettings,
 }
 
 impl Default for Settings {
@@ -64,6 +68,7 @@ impl Default for Settings {
             moves: recovery::Limits::MOVES,
             placement: PlacementMode::default(),
             scrub: recovery::ScrubSettings::default(),
+            reclaim: reclaim::ReclaimSettings::default(),
         }
     }
 }
@@ -86,6 +91,8 @@ pub struct Master {
     moves: recovery::Progress,
     /// Blocks found failing their checksums, and the background scrub.
     integrity: recovery::Integrity,
+    /// Delta chunks freed in the background.
+    reclaim: reclaim::Reclaim,
     /// A writer switched to a new snapshot epoch.
     snapshot_confirmed: tokio::sync::Notify,
     /// A snapshot was created or deleted.
@@ -116,6 +123,7 @@ impl Master {
             recovery: recovery::Progress::new(settings.recovery),
             moves: recovery::Progress::new(settings.moves),
             integrity: recovery::Integrity::new(settings.scrub),
+            reclaim: reclaim::Reclaim::new(settings.reclaim),
             snapshot_confirmed: tokio::sync::Notify::new(),
             snapshots_changed: tokio::sync::Notify::new(),
         };
@@ -274,6 +282,7 @@ pub async fn start(
     tokio::spawn(recovery::run(master.clone()));
     tokio::spawn(recovery::heal_reported(master.clone()));
     tokio::spawn(recovery::background_scrub(master.clone()));
+    tokio::spawn(reclaim::run(master.clone()));
     Ok(master)
 }
 

@@ -1,5 +1,5 @@
-//! Snapshots (see `floe_protocol::snapshot`): create, confirm, delete, and freeing the
-//! delta chunks no snapshot reads any more.
+//! Snapshots (see `floe_protocol::snapshot`): create, confirm, delete, and which delta
+//! chunks no snapshot reads any more (`reclaim` frees them).
 //!
 //! Creating a snapshot hands out the volume's next epoch. While a writer holds the
 //! volume's lease the snapshot is *pending* until that writer has switched to the
@@ -7,15 +7,12 @@
 //! confirms): only then does the snapshot stop changing, and it can be read.
 
 use crate::lease::{lease_key, LEASE_DRIFT_MARGIN};
-use crate::state::{chunk_key, put, volume_key, State};
+use crate::state::{put, volume_key, State};
 use crate::{Failure, Master, Reply};
-use floe_metadata::Op;
 use floe_protocol::snapshot::{
     check_snapshot_name, split_index, SNAPSHOT_CONFIRM_WAIT, SNAPSHOT_EPOCH_MAX,
 };
-use floe_protocol::{
-    ChunkId, MasterResponse, ReplicaRequest, Snapshot, SnapshotEpochs, Status, Volume, WriteMode,
-};
+use floe_protocol::{MasterResponse, Snapshot, SnapshotEpochs, Status, Volume, WriteMode};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -109,7 +106,7 @@ impl State {
     /// reader of snapshot `s` reads epochs `s` and up), all of them once none is
     /// left, but none a live writer may still preserve into: from the epoch it last
     /// confirmed on (all, if it confirmed none since this master started).
-    fn unread_deltas(&self, volume: &Volume) -> Vec<u64> {
+    pub(crate) fn unread_deltas(&self, volume: &Volume) -> Vec<u64> {
         let oldest = volume.snapshots.iter().map(|s| s.epoch).min();
         let writing = self
             .writing_lease(volume.id)
@@ -178,8 +175,6 @@ impl Master {
             .await?;
         tracing::info!(volume = %name, snapshot, epoch = volume.snapshot_epoch, "snapshot created");
         self.snapshots_changed.notify_waiters();
-        // The epoch before may hold deltas no snapshot reads (all were deleted).
-        self.free_unread_deltas(&volume).await;
         let deadline = Instant::now() + SNAPSHOT_CONFIRM_WAIT;
         loop {
             let confirmed = self.snapshot_confirmed.notified();
@@ -303,67 +298,22 @@ impl Master {
     }
 
     pub(crate) async fn delete_snapshot(&self, name: &str, snapshot: &str) -> Reply {
-        let volume = self
-            .put_volume(|state| {
-                let mut volume = state.volume(name)?;
-                State::snapshot_of(&volume, snapshot)?;
-                if let Some(clone) = state.clone_of(name, Some(snapshot)) {
-                    return Err((
-                        Status::Busy,
-                        format!("snapshot {name}@{snapshot} is the parent of clone {clone}"),
-                    ));
-                }
-                volume.snapshots.retain(|s| s.name != snapshot);
-                Ok(volume)
-            })
-            .await?;
+        self.put_volume(|state| {
+            let mut volume = state.volume(name)?;
+            State::snapshot_of(&volume, snapshot)?;
+            if let Some(clone) = state.clone_of(name, Some(snapshot)) {
+                return Err((
+                    Status::Busy,
+                    format!("snapshot {name}@{snapshot} is the parent of clone {clone}"),
+                ));
+            }
+            volume.snapshots.retain(|s| s.name != snapshot);
+            Ok(volume)
+        })
+        .await?;
         tracing::info!(volume = %name, snapshot, "snapshot deleted");
         self.snapshots_changed.notify_waiters();
-        self.free_unread_deltas(&volume).await;
+        // Its delta chunks are freed in the background (`reclaim`).
         Ok(MasterResponse::Done)
-    }
-
-    /// Frees the delta chunks no snapshot of `volume` reads: each replica drops its
-    /// data, then the chunk is forgotten. A replica that does not answer keeps its
-    /// copy (freed when the volume is deleted).
-    pub(crate) async fn free_unread_deltas(&self, volume: &Volume) {
-        let unread = {
-            let state = self.state();
-            let unread = state.unread_deltas(volume);
-            unread
-                .into_iter()
-                .filter_map(|index| {
-                    let placement = state.placement(volume.id, index)?;
-                    Some((placement.clone(), state.servers_of(&placement)))
-                })
-                .collect::<Vec<_>>()
-        };
-        for (placement, servers) in unread {
-            let chunk = ChunkId {
-                volume_id: volume.id,
-                index: placement.index,
-            };
-            for server in &servers {
-                let request = ReplicaRequest::DropChunk {
-                    chunk,
-                    view: placement.view + 1,
-                };
-                if let Err(e) = self.ask(&server.address, request).await {
-                    tracing::warn!(?chunk, server = server.id, "delta chunk not freed: {e}");
-                }
-            }
-            let forgotten = self
-                .change(
-                    |_| {
-                        let key = chunk_key(volume.id, placement.index);
-                        Ok((vec![Op::Delete { key }], ()))
-                    },
-                    |state, ()| state.remove_placement(volume.id, placement.index),
-                )
-                .await;
-            if let Err(e) = forgotten {
-                tracing::warn!(?chunk, "delta chunk freed but not forgotten: {e:?}");
-            }
-        }
     }
 }

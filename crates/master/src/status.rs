@@ -1,4 +1,5 @@
-//! `floe status`: servers, volumes, recovery, rebalance and rate limits at a glance.
+//! `floe status`: servers, volumes, recovery, rebalance, rate limits, scrub and
+//! snapshot space being freed at a glance.
 
 use crate::{recovery, Master, Reply};
 use floe_protocol::{ClusterStatus, MasterResponse};
@@ -13,6 +14,7 @@ impl Master {
             rebalance: recovery::rebalance_status(self, &state),
             qos: state.qos_status(),
             scrub: self.integrity.status(),
+            reclaim: self.reclaim.status(&state),
         })))
     }
 }

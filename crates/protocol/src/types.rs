@@ -530,6 +530,24 @@ pub struct ClusterStatus {
     pub qos: QosStatus,
     #[serde(default)]
     pub scrub: ScrubStatus,
+    #[serde(default)]
+    pub reclaim: ReclaimStatus,
+}
+
+/// The space of deleted snapshots, freed in the background, for `floe status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReclaimStatus {
+    /// Delta chunks no snapshot reads, not freed yet, and their size at most.
+    pub chunks_left: u64,
+    pub bytes_left: u64,
+    /// Since the master started.
+    pub chunks_freed: u64,
+    /// Over the last seconds (rounded up), and the configured limit (0: none).
+    pub chunks_per_second: u64,
+    pub limit_per_second: u32,
+    pub eta_seconds: Option<u64>,
+    /// Why the last chunk that could not be freed waits (a server down).
+    pub waiting: Option<String>,
 }
 
 /// Block checksums and scrub, for `floe status`.

@@ -333,6 +333,27 @@ impl Run {
                 ledger.snapshot_taken(&name);
             }
         });
+        self.maybe_delete_snapshot();
+    }
+
+    /// After one snapshot in three, deletes an earlier one (any, not only the oldest):
+    /// the master then frees in the background the delta chunks no snapshot reads,
+    /// and every snapshot left must still read as it was. A deleted snapshot is not
+    /// checked (one whose deletion failed is).
+    fn maybe_delete_snapshot(&mut self) {
+        if self.snapshots < 2 || !self.snapshot_rng.gen_ratio(1, 3) {
+            return;
+        }
+        let name = format!("s{}", self.snapshot_rng.gen_range(1..self.snapshots));
+        self.event(format!("delete snapshot {VOLUME}@{name}"));
+        let admin = self.cluster.admin().clone();
+        tokio::spawn(async move {
+            let request = MasterRequest::DeleteSnapshot {
+                name: VOLUME.into(),
+                snapshot: name,
+            };
+            let _ = admin.call(request).await;
+        });
     }
 
     /// On half the write-through seeds (the ledger's bound assumes every

@@ -130,7 +130,7 @@ impl Extra {
     /// One chunk server per (new host, class).
     pub(crate) fn new_servers(cluster: &Cluster, dir: &Path) -> Extra {
         let port = free_ports();
-        let mut extra = Extra(Vec::new());
+        let mut extra = Extra::none();
         for (i, host) in NEW_HOSTS.iter().enumerate() {
             for (j, class) in ["ssd", "hdd"].iter().enumerate() {
                 let n = i * 2 + j;
@@ -147,7 +147,12 @@ impl Extra {
         extra
     }
 
-    fn spawn(&mut self, mut command: Command, log: &Path) {
+    /// None yet.
+    pub(crate) fn none() -> Extra {
+        Extra(Vec::new())
+    }
+
+    pub(crate) fn spawn(&mut self, mut command: Command, log: &Path) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -178,6 +183,19 @@ impl Drop for Extra {
             let _ = child.wait();
         }
     }
+}
+
+/// The command that starts the demo's master again (after a kill -9) on its stored
+/// state, at its address (an existing cluster keeps its placement mode).
+pub(crate) fn master_command(cluster: &Cluster) -> Command {
+    let mut master = Command::new(FLOE);
+    master
+        .args(["master", "--listen", &cluster.info.master, "--metadata"])
+        .arg(format!(
+            "embedded:{}",
+            cluster.dir.join("master/meta.redb").display()
+        ));
+    master
 }
 
 /// Waits for the new servers to register; their ids.
@@ -368,15 +386,10 @@ fn crush_moves_survive_kill_of_the_master_and_of_a_new_server() {
         unsafe { libc::kill(cluster.info.master_pid as i32, libc::SIGKILL) },
         0
     );
-    let mut master = Command::new(FLOE);
-    master
-        .args(["master", "--listen", &cluster.info.master, "--metadata"])
-        .arg(format!(
-            "embedded:{}",
-            dir.path().join("master/meta.redb").display()
-        ))
-        .args(["--placement", "crush"]);
-    extra.spawn(master, &dir.path().join("master-restarted.log"));
+    extra.spawn(
+        master_command(&cluster),
+        &dir.path().join("master-restarted.log"),
+    );
 
     // Then a new server, source or target of moves, at a random moment of a move.
     cluster.wait_for_status("1 moving", MOVE_TIMEOUT);

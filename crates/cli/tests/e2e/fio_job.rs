@@ -92,6 +92,11 @@ impl FioJob {
         self.arg(format!("--size={size}"))
     }
 
+    /// At most this many bytes a second (fio's `rate`, e.g. 16m).
+    pub fn rate(self, rate: &str) -> FioJob {
+        self.arg(format!("--rate={rate}"))
+    }
+
     /// Bounds the run by bytes rather than by the region's size.
     pub fn io_size(self, io_size: &str) -> FioJob {
         self.arg(format!("--io_size={io_size}"))

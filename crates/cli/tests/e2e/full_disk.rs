@@ -12,7 +12,7 @@
 //! servers run out of space.
 
 use crate::cluster::{free_ports, nbdsh, ok, output, random_file, FLOE};
-use crate::io_helpers::text;
+use crate::io_helpers::{text, wait_until};
 use serde_json::Value;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -361,14 +361,6 @@ fn floe_status(master: &str) -> Result<String, String> {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(format!("(floe status failed: {})", text(&out)))
-    }
-}
-
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < timeout, "{what}: not after {timeout:?}");
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

@@ -58,3 +58,12 @@ pub fn wait_for_file(path: &Path, timeout: Duration, check: impl Fn(&str) -> boo
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Waits until `done` holds, or fails after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < timeout, "{what}: not after {timeout:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -17,6 +17,7 @@ mod hybrid;
 mod integrity;
 mod io_helpers;
 mod mark_lost;
+mod master_outage;
 mod nbd_raw;
 mod netcut;
 mod qos;

@@ -12,7 +12,7 @@
 use crate::cluster::{free_ports, ok, output, random_file, Cluster, TestDir};
 use crate::expand::{await_new_servers, expand_command, moves, Extra, MOVE_TIMEOUT};
 use crate::fio_job::{assert_clean, FioJob, Verify};
-use crate::io_helpers::{floe_output, text};
+use crate::io_helpers::{floe_output, text, wait_until};
 use crate::write_modes::Gateway;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -196,6 +196,85 @@ fn a_snapshot_reads_the_volume_as_it_was_while_writes_kills_and_repairs_go_on() 
     assert!(
         two_first == copy(&other("two"), &work.path().join("two-4.raw")),
         "snapshot two changed across a kill -9 of the writer"
+    );
+}
+
+/// Bytes the chunk files of volume 1's delta chunks of `epoch` take on disk, on every
+/// demo chunk server (delta chunk `epoch << 40 | index`; checksum files left out).
+fn delta_bytes_on_disk(cluster: &Cluster, epoch: u64) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    (0..6)
+        .filter_map(|n| {
+            std::fs::read_dir(cluster.dir.join(format!("cs-{n}/chunks/0000000000000001"))).ok()
+        })
+        .flatten()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| {
+            let name = entry.file_name().into_string().unwrap();
+            u64::from_str_radix(&name, 16).is_ok_and(|index| index >> 40 == epoch)
+        })
+        .map(|entry| entry.metadata().unwrap().blocks() * 512)
+        .sum()
+}
+
+/// The epoch of a snapshot, from `floe snapshot create`'s answer.
+fn taken_epoch(said: &str) -> u64 {
+    let epoch = said
+        .split("(epoch ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next());
+    epoch
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no epoch in {said:?}"))
+}
+
+/// Deleting a snapshot returns at once; the master frees the delta chunks only it
+/// read in the background (counted in `floe status`), their files give their space
+/// back on every replica, and the snapshot left reads as before.
+#[test]
+fn deleting_a_snapshot_frees_its_preserved_blocks_in_the_background() {
+    let dir = TestDir::new();
+    let work = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path());
+    let uri = cluster.uri().to_string();
+    write_a(&uri, work.path());
+    let one = taken_epoch(&cluster.floe(&["snapshot", "create", "demo@one"]));
+    // B over all of A: every block of chunks 0-3 is preserved into epoch one's deltas.
+    let b = work.path().join("b.raw");
+    random_file(&b, A_BYTES);
+    ok(Command::new("nbdcopy").arg(&b).arg(&uri));
+    let two = taken_epoch(&cluster.floe(&["snapshot", "create", "demo@two"]));
+    let c = work.path().join("c.raw");
+    random_file(&c, A_BYTES / 4);
+    ok(Command::new("nbdcopy").arg(&c).arg(&uri));
+    let two_before = copy(&format!("{uri}@two"), &work.path().join("two-1.raw"));
+    // Hybrid backups reach their chunk files when their journals replay.
+    wait_until(
+        "epoch one's deltas on disk",
+        Duration::from_secs(60),
+        || delta_bytes_on_disk(&cluster, one) >= 3 * A_BYTES as u64,
+    );
+    let list = cluster.floe(&["snapshot", "list", "demo"]);
+    assert!(!list.contains("being freed"), "{list}");
+
+    let deleted = cluster.floe(&["snapshot", "delete", "demo@one"]);
+    assert!(deleted.contains("freed in the background"), "{deleted}");
+    cluster.wait_for_status(
+        "snapshot space: nothing to free; 4 delta chunks freed",
+        Duration::from_secs(60),
+    );
+    wait_until(
+        "epoch one's deltas freed on disk",
+        Duration::from_secs(60),
+        || delta_bytes_on_disk(&cluster, one) == 0,
+    );
+    assert!(
+        delta_bytes_on_disk(&cluster, two) > 0,
+        "snapshot two's deltas were freed with one's"
+    );
+    assert!(
+        two_before == copy(&format!("{uri}@two"), &work.path().join("two-2.raw")),
+        "snapshot two changed when one's space was freed"
     );
 }
 

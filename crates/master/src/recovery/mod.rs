@@ -166,6 +166,14 @@ enum Kind {
 }
 
 impl Master {
+    /// (volume id, chunk index) of the chunks a repair or a move works on.
+    pub(crate) fn chunks_in_recovery(&self) -> BTreeSet<(u64, u64)> {
+        [&self.recovery, &self.moves]
+            .iter()
+            .flat_map(|p| p.counters.lock().unwrap().in_progress.clone())
+            .collect()
+    }
+
     fn progress(&self, kind: Kind) -> &Progress {
         match kind {
             Kind::Repair => &self.recovery,
@@ -252,10 +260,7 @@ pub async fn run(master: Arc<Master>) {
             if late > SCAN_INTERVAL {
                 state.excuse_stall(late);
             }
-            let busy: BTreeSet<(u64, u64)> = [&master.recovery, &master.moves]
-                .iter()
-                .flat_map(|p| p.counters.lock().unwrap().in_progress.clone())
-                .collect();
+            let busy = master.chunks_in_recovery();
             let free = |kind: Kind| {
                 let progress = master.progress(kind);
                 let running = progress.counters.lock().unwrap().in_progress.len();
