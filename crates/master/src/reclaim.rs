@@ -5,20 +5,26 @@
 //! delta chunks; dropping them all in the delete request would load every chunk server
 //! at once (ceph's snaptrim is the cautionary tale).
 //!
-//! Each replica drops its data, then the chunk is forgotten. A chunk with a replica on
-//! a server that is down (not marked lost) waits for that server, so no file is left
-//! behind; one in a repair or move waits for it to end.
+//! A chunk is freed in two steps. First its placement is forgotten and, in the same
+//! metadata write, a `freed/` record keeps the servers that hold it: from then on no
+//! repair, move or writer touches it (a delta no snapshot reads is never written
+//! again: epochs only grow). Then each of those servers drops it, into a view no
+//! placement reaches, and the record goes. A server that is down (not marked lost)
+//! keeps its record waiting, so no file is left behind; one marked lost is skipped.
 
-use crate::state::{chunk_key, State};
+use crate::state::{chunk_key, freed_key, put, State};
 use crate::Master;
 use floe_metadata::Op;
-use floe_protocol::{ChunkId, ReclaimStatus, ReplicaRequest};
-use std::collections::VecDeque;
+use floe_protocol::{ChunkId, ReclaimStatus, ReplicaRequest, ServerInfo};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+/// The view a freed chunk's replicas are dropped into: above any a placement reaches
+/// (views grow by one per change), so nothing joins it again.
+const FREED_VIEW: u64 = 1 << 48;
 /// Window over which the freeing rate is reported.
 const RATE_WINDOW: Duration = Duration::from_secs(10);
 
@@ -67,14 +73,18 @@ impl Reclaim {
     }
 
     pub(crate) fn status(&self, state: &State) -> ReclaimStatus {
+        let chunk_bytes: BTreeMap<u64, u64> = state
+            .volumes
+            .values()
+            .map(|v| (v.id, v.spec.chunk_bytes))
+            .collect();
         let (chunks_left, bytes_left) = state
             .volumes
             .values()
-            .map(|v| {
-                let n = state.unread_deltas(v).len() as u64;
-                (n, n * v.spec.chunk_bytes)
-            })
-            .fold((0, 0), |(c, b), (n, m)| (c + n, b + m));
+            .flat_map(|v| state.unread_deltas(v).into_iter().map(|i| (v.id, i)))
+            .chain(state.freed.keys().copied())
+            .map(|(volume_id, _)| chunk_bytes.get(&volume_id).copied().unwrap_or(0))
+            .fold((0, 0), |(c, b), bytes| (c + 1, b + bytes));
         let mut c = self.counters.lock().unwrap();
         let now = Instant::now();
         while c
@@ -108,14 +118,20 @@ pub async fn run(master: Arc<Master>) {
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        // Chunks forgotten before first (their servers were down), then new ones.
         let jobs: Vec<(u64, u64)> = {
             let state = master.state();
             let busy = master.chunks_in_recovery();
-            state
+            let unread = state
                 .volumes
                 .values()
                 .flat_map(|v| state.unread_deltas(v).into_iter().map(|i| (v.id, i)))
-                .filter(|job| !busy.contains(job))
+                .filter(|job| !busy.contains(job));
+            state
+                .freed
+                .keys()
+                .copied()
+                .chain(unread)
                 .take(master.reclaim.budget())
                 .collect()
         };
@@ -138,17 +154,46 @@ pub async fn run(master: Arc<Master>) {
 }
 
 impl Master {
-    /// Drops delta chunk `index` of volume `volume_id` on each of its replicas, then
-    /// forgets it; `Err` says why it is kept for now.
+    /// Frees delta chunk `index` of volume `volume_id`: forgets it, then has each of
+    /// its servers drop it; `Err` says why it waits (it is then only forgotten).
     async fn free_delta(&self, volume_id: u64, index: u64) -> Result<(), String> {
+        let placement = self.state().placement(volume_id, index);
+        if let Some(placement) = placement {
+            let servers = placement.replicas.clone();
+            self.change(
+                |_| {
+                    let ops = vec![
+                        Op::Delete {
+                            key: chunk_key(volume_id, index),
+                        },
+                        put(freed_key(volume_id, index), &servers),
+                    ];
+                    Ok((ops, ()))
+                },
+                |state, ()| {
+                    state.remove_placement(volume_id, index);
+                    state.freed.insert((volume_id, index), servers.clone());
+                },
+            )
+            .await
+            .map_err(|(_, e)| {
+                format!("delta chunk {index:#x} of volume {volume_id} not forgotten: {e}")
+            })?;
+        }
+        self.drop_freed(volume_id, index).await
+    }
+
+    /// Has each server of forgotten chunk `index` drop it, then forgets the record.
+    async fn drop_freed(&self, volume_id: u64, index: u64) -> Result<(), String> {
         let chunk = ChunkId { volume_id, index };
-        let (placement, servers) = {
+        let servers: Vec<ServerInfo> = {
             let state = self.state();
-            let placement = state
-                .placement(volume_id, index)
-                .ok_or_else(|| format!("{chunk:?} is gone"))?;
-            let servers = state.servers_of(&placement);
-            (placement, servers)
+            let Some(ids) = state.freed.get(&(volume_id, index)) else {
+                return Ok(());
+            };
+            ids.iter()
+                .filter_map(|id| state.servers.get(id).cloned())
+                .collect()
         };
         for server in servers.iter().filter(|s| !s.lost) {
             if !server.up {
@@ -159,7 +204,7 @@ impl Master {
             }
             let request = ReplicaRequest::DropChunk {
                 chunk,
-                view: placement.view + 1,
+                view: FREED_VIEW,
             };
             self.ask(&server.address, request).await.map_err(|e| {
                 format!(
@@ -170,14 +215,16 @@ impl Master {
         }
         self.change(
             |_| {
-                let key = chunk_key(volume_id, index);
+                let key = freed_key(volume_id, index);
                 Ok((vec![Op::Delete { key }], ()))
             },
-            |state, ()| state.remove_placement(volume_id, index),
+            |state, ()| {
+                state.freed.remove(&(volume_id, index));
+            },
         )
         .await
         .map_err(|(_, e)| {
-            format!("delta chunk {index:#x} of volume {volume_id} not forgotten: {e}")
+            format!("delta chunk {index:#x} of volume {volume_id}: its record not removed: {e}")
         })
     }
 }

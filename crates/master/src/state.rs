@@ -8,6 +8,7 @@
 //! chunk/VOLUME/INDEX      ChunkPlacement: replicas (primary first), view, stale replicas
 //! lease/VOLUME            the volume's last lease: generation and holder
 //! deleted/VOLUME          tombstone: chunk servers drop this volume's chunks
+//! freed/VOLUME/INDEX      a forgotten delta chunk: servers (JSON) yet to drop it
 //! map                     the cluster map (see [`crate::map`])
 //! counter/server, counter/volume, counter/lease   last id handed out
 //! ```
@@ -38,6 +39,9 @@ pub(crate) struct State {
     /// generation: their replicas are compared (see `recovery::audit`).
     pub(crate) audits: BTreeMap<u64, u32>,
     pub(crate) deleted_volumes: Vec<u64>,
+    /// Delta chunks forgotten (no snapshot reads them) whose replicas the servers
+    /// listed have not dropped yet, by (volume id, index); see `crate::reclaim`.
+    pub(crate) freed: BTreeMap<(u64, u64), Vec<ServerId>>,
     /// The snapshot epoch each volume's writer last confirmed; not stored (a master
     /// that restarted frees no delta a live writer may still preserve into).
     pub(crate) writer_epochs: BTreeMap<u64, u32>,
@@ -73,6 +77,10 @@ pub(crate) fn chunk_key(volume_id: u64, index: u64) -> String {
     format!("chunk/{volume_id:016x}/{index:016x}")
 }
 
+pub(crate) fn freed_key(volume_id: u64, index: u64) -> String {
+    format!("freed/{volume_id:016x}/{index:016x}")
+}
+
 /// Stores a chunk's placement.
 pub(crate) fn chunk_op(volume_id: u64, placement: &ChunkPlacement) -> Op {
     put(chunk_key(volume_id, placement.index), placement)
@@ -97,6 +105,7 @@ impl State {
             lease_in_flight: None,
             audits: BTreeMap::new(),
             deleted_volumes: Vec::new(),
+            freed: BTreeMap::new(),
             writer_epochs: BTreeMap::new(),
             last_server_id: 0,
             last_volume_id: 0,
@@ -157,6 +166,19 @@ impl State {
             if let Ok(id) = u64::from_str_radix(&key["deleted/".len()..], 16) {
                 state.deleted_volumes.push(id);
             }
+        }
+        for (key, value) in scan("freed/").await.map_err(|e| e.to_string())? {
+            let id = key["freed/".len()..].split_once('/').and_then(|(v, i)| {
+                Some((
+                    u64::from_str_radix(v, 16).ok()?,
+                    u64::from_str_radix(i, 16).ok()?,
+                ))
+            });
+            let Some(id) = id else {
+                return Err(format!("metadata key {key} is malformed"));
+            };
+            let servers = serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;
+            state.freed.insert(id, servers);
         }
         for (key, value) in scan("counter/").await.map_err(|e| e.to_string())? {
             let n: u64 = serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))?;

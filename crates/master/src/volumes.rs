@@ -168,6 +168,10 @@ impl Master {
                     Op::DeletePrefix {
                         prefix: format!("chunk/{:016x}/", volume.id),
                     },
+                    // Its servers drop every chunk of it, freed deltas too.
+                    Op::DeletePrefix {
+                        prefix: format!("freed/{:016x}/", volume.id),
+                    },
                     Op::Delete {
                         key: lease_key(volume.id),
                     },
@@ -181,6 +185,7 @@ impl Master {
             |state, id| {
                 state.volumes.remove(name);
                 state.chunks.remove(&id);
+                state.freed.retain(|(volume_id, _), _| *volume_id != id);
                 state.leases.remove(&id);
                 state.deleted_volumes.push(id);
                 tracing::info!(%name, "volume deleted");
