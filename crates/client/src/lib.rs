@@ -111,13 +111,21 @@ pub async fn open_volume(
     };
     let chunks = replicated::ReplicatedChunks::new(master, map, lease);
     let device = match (parent, preserve) {
-        // Snapshots of clones are refused: a clone only reads through.
-        (Some(parent), _) => {
-            let clone = snapshot::read_through::ReadThrough::new(chunks, parent, writable);
+        // A clone's writer preserves what the clone read (its parent's blocks too).
+        (Some(parent), Some((confirm, epochs))) => {
+            let chunks = Arc::new(chunks);
+            let clone = snapshot::read_through::ReadThrough::new(chunks.clone(), parent, true);
+            let preserving = snapshot::Preserving::new(chunks, Arc::new(clone), epochs, confirm);
+            stack(layout, backing, preserving, limits)
+        }
+        (Some(parent), None) => {
+            let clone =
+                snapshot::read_through::ReadThrough::new(Arc::new(chunks), parent, writable);
             stack(layout, backing, clone, limits)
         }
         (None, Some((confirm, epochs))) => {
-            let preserving = snapshot::Preserving::new(chunks, epochs, confirm);
+            let chunks = Arc::new(chunks);
+            let preserving = snapshot::Preserving::new(chunks.clone(), chunks, epochs, confirm);
             stack(layout, backing, preserving, limits)
         }
         (None, None) => match access {
@@ -187,20 +195,35 @@ pub async fn open_snapshot(
         writes: qos,
     })
     .1;
+    let parent = match &map.volume.parent {
+        Some(parent) => Some(snapshot_chunks(master.clone(), parent).await?),
+        None => None,
+    };
     let chunks = replicated::ReplicatedChunks::new(master, map, None);
-    let reader = snapshot::SnapshotChunks::new(chunks, taken.epoch);
+    let reader = snapshot::SnapshotChunks::new(chunks, taken.epoch, parent);
     Ok(stack(layout, taken.size_bytes, reader, limits))
 }
 
-/// The chunks of a clone's parent snapshot.
-pub(crate) async fn snapshot_chunks(
+/// The chunks of a clone's parent snapshot (itself reading through to its own
+/// parent when that volume is a clone too).
+pub(crate) fn snapshot_chunks(
     master: Arc<master::MasterClient>,
     parent: &floe_protocol::snapshot::Parent,
-) -> Result<snapshot::SnapshotChunks, String> {
-    let map = master
-        .volume_map(&parent.volume)
-        .await
-        .map_err(|e| format!("the parent of a clone, {}: {e}", parent.volume))?;
-    let chunks = replicated::ReplicatedChunks::new(master, map, None);
-    Ok(snapshot::SnapshotChunks::new(chunks, parent.epoch))
+) -> futures::future::BoxFuture<'_, Result<snapshot::SnapshotChunks, String>> {
+    Box::pin(async move {
+        let map = master
+            .volume_map(&parent.volume)
+            .await
+            .map_err(|e| format!("the parent of a clone, {}: {e}", parent.volume))?;
+        let grandparent = match &map.volume.parent {
+            Some(up) => Some(snapshot_chunks(master.clone(), up).await?),
+            None => None,
+        };
+        let chunks = replicated::ReplicatedChunks::new(master, map, None);
+        Ok(snapshot::SnapshotChunks::new(
+            chunks,
+            parent.epoch,
+            grandparent,
+        ))
+    })
 }

@@ -3,7 +3,7 @@
 
 use crate::state::State;
 use crate::{Master, Reply};
-use floe_protocol::snapshot::Parent;
+use floe_protocol::snapshot::{flatten_refused_for_snapshots, Parent};
 use floe_protocol::{MasterResponse, Status, VolumeSpec};
 
 impl State {
@@ -47,6 +47,12 @@ impl Master {
             let mut volume = state.volume(name)?;
             if volume.parent.is_none() {
                 return Err((Status::BadRequest, format!("volume {name} is not a clone")));
+            }
+            if let Some(snapshot) = volume.snapshots.first() {
+                return Err((
+                    Status::Busy,
+                    flatten_refused_for_snapshots(name, &snapshot.name),
+                ));
             }
             if state.live_lease(volume.id) != Some(generation) {
                 return Err((

@@ -131,16 +131,6 @@ impl Master {
         let volume = self
             .put_volume(|state| {
                 let mut volume = state.volume(name)?;
-                if let Some(parent) = &volume.parent {
-                    return Err((
-                        Status::BadRequest,
-                        format!(
-                            "volume {name} is a clone of {}@{}: snapshots of clones are not \
-                             supported yet",
-                            parent.volume, parent.snapshot
-                        ),
-                    ));
-                }
                 if volume.spec.write_mode == WriteMode::LogCommit {
                     return Err((
                         Status::BadRequest,

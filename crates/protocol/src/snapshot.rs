@@ -124,3 +124,12 @@ mod tests {
         }
     }
 }
+
+/// Why a clone with snapshots is not flattened: they read, wherever the clone had
+/// not written when they were taken, through to its parent, which a flatten forgets.
+pub fn flatten_refused_for_snapshots(name: &str, snapshot: &str) -> String {
+    format!(
+        "volume {name} has snapshots ({name}@{snapshot}...), which read through to its \
+         parent: delete them before flattening it"
+    )
+}

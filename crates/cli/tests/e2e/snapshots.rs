@@ -518,7 +518,6 @@ fn a_clone_reads_its_parent_snapshot_and_diverges_from_it() {
             "parent of clone vm2",
         ),
         (&["volume", "delete", "demo"][..], "has a clone, vm2"),
-        (&["snapshot", "create", "vm2@x"][..], "snapshots of clones"),
         (&["volume", "clone", "demo@nope", "vm3"][..], "no snapshot"),
     ] {
         let out = floe_output(&cluster, args);
@@ -558,6 +557,122 @@ fn a_clone_reads_its_parent_snapshot_and_diverges_from_it() {
         text(&again)
     );
     cluster.floe(&["volume", "delete", "vm2"]);
+}
+
+/// Writes `byte` over `length` bytes at `at` of image file `image`.
+fn fill_image(image: &Path, at: u64, length: usize, byte: u8) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new().write(true).open(image).unwrap();
+    file.write_all_at(&vec![byte; length], at).unwrap();
+}
+
+/// The same writes through qemu-io to `uri` and into image file `image`.
+fn write_both(uri: &str, image: &Path, writes: &[(u64, usize, u8)]) {
+    let commands: Vec<String> = writes
+        .iter()
+        .map(|(at, length, byte)| format!("write -P {byte:#x} {at} {length}"))
+        .collect();
+    let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
+    crate::io_helpers::qemu_io(uri, &commands);
+    for (at, length, byte) in writes {
+        fill_image(image, *at, *length, *byte);
+    }
+}
+
+/// A snapshot of a clone keeps what the clone read when it was taken: its own
+/// blocks, its parent's where it had not written (blocks it later copies up, chunks
+/// it allocates later), through writes and a snapshot taken under fio; a clone of
+/// that snapshot reads the same; the snapshot is deleted only once that clone is, and
+/// the clone is flattened only once it has no snapshots.
+#[test]
+fn a_snapshot_of_a_clone_keeps_what_the_clone_read() {
+    let dir = TestDir::new();
+    let work = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path());
+    let uri = cluster.uri().to_string();
+    let (_, base) = write_a(&uri, work.path());
+    cluster.floe(&["snapshot", "create", "demo@base"]);
+    cluster.floe(&["volume", "clone", "demo@base", "vm2"]);
+    let vm2 = uri.replace("/demo", "/vm2");
+    // The clone's own blocks: some over the parent's data, some past it (chunks the
+    // parent never allocated).
+    let s1 = work.path().join("s1.raw");
+    std::fs::copy(&base, &s1).unwrap();
+    write_both(&vm2, &s1, &[(0, 1 << 20, 0x11), (300 << 20, 1 << 20, 0x22)]);
+    let made = cluster.floe(&["snapshot", "create", "vm2@s1"]);
+    assert!(made.contains("taken"), "{made}");
+
+    // After s1: over its own blocks and the parent's at once, over a parent-only
+    // block, over its own block past the parent, and in a chunk born after s1.
+    let now = work.path().join("now.raw");
+    std::fs::copy(&s1, &now).unwrap();
+    write_both(
+        &vm2,
+        &now,
+        &[
+            (512 << 10, 1 << 20, 0x33),
+            (10 << 20, 64 << 10, 0x44),
+            (300 << 20, 4096, 0x55),
+            (600 << 20, 64 << 10, 0x66),
+        ],
+    );
+    assert!(
+        same(&s1, &format!("{vm2}@s1")),
+        "vm2@s1 changed with vm2's writes"
+    );
+    assert!(same(&now, &vm2), "vm2 does not hold its writes");
+    assert!(same(&base, &format!("{uri}@base")), "demo@base changed");
+
+    // A clone of the clone's snapshot reads it.
+    cluster.floe(&["volume", "clone", "vm2@s1", "vm3"]);
+    let vm3 = uri.replace("/demo", "/vm3");
+    assert!(
+        same(&s1, &vm3),
+        "vm3, a clone of vm2@s1, does not read as vm2@s1"
+    );
+    for (args, expect) in [
+        (&["snapshot", "delete", "vm2@s1"][..], "parent of clone vm3"),
+        (&["volume", "flatten", "vm2"][..], "has snapshots"),
+    ] {
+        let out = floe_output(&cluster, args);
+        assert!(
+            !out.status.success() && text(&out).contains(expect),
+            "{args:?}: {}",
+            text(&out)
+        );
+    }
+
+    // A snapshot of the clone under fio's random writes over parent and own blocks.
+    let fio = FioJob::random_4k(&vm2, work.path(), 21)
+        .size("64M")
+        .runtime(8)
+        .verify(Verify::WriteAndRead)
+        .spawn();
+    std::thread::sleep(Duration::from_secs(3));
+    let made = cluster.floe(&["snapshot", "create", "vm2@s2"]);
+    assert!(made.contains("taken"), "{made}");
+    let s2 = copy(&format!("{vm2}@s2"), &work.path().join("s2-1.raw"));
+    assert_clean(
+        &fio.wait_with_output().unwrap(),
+        "fio on vm2 under a snapshot",
+    );
+    assert!(
+        s2 == copy(&format!("{vm2}@s2"), &work.path().join("s2-2.raw")),
+        "vm2@s2 changed with the writes after it"
+    );
+    assert!(same(&s1, &format!("{vm2}@s1")), "vm2@s1 changed under fio");
+    assert!(same(&s1, &vm3), "vm3 changed with vm2's writes");
+
+    // Once its clone and snapshots are gone, vm2 flattens and reads the same.
+    cluster.floe(&["volume", "delete", "vm3"]);
+    cluster.floe(&["snapshot", "delete", "vm2@s1"]);
+    cluster.floe(&["snapshot", "delete", "vm2@s2"]);
+    let before = work.path().join("vm2.raw");
+    copy(&vm2, &before);
+    let flattened = cluster.floe(&["volume", "flatten", "vm2", "--rate", "0"]);
+    assert!(flattened.contains("flattened vm2"), "{flattened}");
+    cluster.floe(&["snapshot", "delete", "demo@base"]);
+    assert!(same(&before, &vm2), "vm2 reads differently once flattened");
 }
 
 /// The bytes of `qemu-io -c "read -v ..."` output (offset: 16 hex bytes  text).

@@ -9,6 +9,7 @@ use crate::master::MasterClient;
 use crate::replicated::ReplicatedChunks;
 use crate::stripe::ChunkIo;
 use crate::{draining, snapshot_chunks};
+use floe_protocol::snapshot::flatten_refused_for_snapshots;
 use floe_protocol::{MasterRequest, MasterResponse};
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +39,9 @@ pub async fn flatten(
     let Some(parent) = map.volume.parent.clone() else {
         return Err(format!("volume {name} is not a clone"));
     };
+    if let Some(snapshot) = map.volume.snapshots.first() {
+        return Err(flatten_refused_for_snapshots(name, &snapshot.name));
+    }
     draining::drained_volume(name).await;
     let lease = Lease::acquire_waiting(master.clone(), name, "floe volume flatten")
         .await
@@ -46,7 +50,7 @@ pub async fn flatten(
     let spec = map.volume.spec.clone();
     let parent = snapshot_chunks(master.clone(), &parent).await?;
     let clone = ReadThrough::new(
-        ReplicatedChunks::new(master.clone(), map, Some(lease)),
+        Arc::new(ReplicatedChunks::new(master.clone(), map, Some(lease))),
         parent,
         true,
     );

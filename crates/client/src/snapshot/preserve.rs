@@ -8,7 +8,9 @@
 //! and durable (FUA), into delta chunk `(t, chunk)` before the write itself is sent;
 //! one copy per block and epoch (the delta's blocks are learned from its extents
 //! once, then kept in memory). A crash between the two leaves the delta holding what
-//! the chunk still holds.
+//! the chunk still holds. A clone's writer reads the old block through its
+//! read-through layer: a block the clone has not written preserves the parent's
+//! contents, which is what the clone read there.
 
 use super::blocks::Blocks;
 use crate::replicated::ReplicatedChunks;
@@ -54,7 +56,11 @@ struct Cell {
 }
 
 struct Shared {
-    chunks: ReplicatedChunks,
+    /// The volume's chunks: delta chunks are written here.
+    chunks: Arc<ReplicatedChunks>,
+    /// The layer below: the same chunks, or a clone's read-through layer over them
+    /// (a block a clone has not written preserves its parent's contents).
+    live: Arc<dyn ChunkIo>,
     epochs: RwLock<SnapshotEpochs>,
     deltas: Mutex<BTreeMap<u64, Arc<Cell>>>,
 }
@@ -71,9 +77,10 @@ impl Drop for Preserving {
 }
 
 impl Preserving {
-    /// Over `chunks`, whose lease (of `generation`) delivers `epochs`.
+    /// Over `live` (on `chunks`), whose lease delivers `epochs`.
     pub fn new(
-        chunks: ReplicatedChunks,
+        chunks: Arc<ReplicatedChunks>,
+        live: Arc<dyn ChunkIo>,
         epochs: watch::Receiver<SnapshotEpochs>,
         confirm: Confirm,
     ) -> Preserving {
@@ -81,6 +88,7 @@ impl Preserving {
         chunks.set_epoch(first.epoch);
         let shared = Arc::new(Shared {
             chunks,
+            live,
             epochs: RwLock::new(first),
             deltas: Mutex::default(),
         });
@@ -179,7 +187,7 @@ impl Preserving {
         delta: u64,
         runs: &[std::ops::Range<u64>],
     ) -> Result<(), IoError> {
-        let chunks = &self.shared.chunks;
+        let Shared { chunks, live, .. } = &*self.shared;
         let pieces = runs.iter().flat_map(|run| {
             (run.start..run.end)
                 .step_by(PIECE_BLOCKS as usize)
@@ -190,7 +198,7 @@ impl Preserving {
                 piece.start * SNAPSHOT_BLOCK_BYTES,
                 (piece.end - piece.start) * SNAPSHOT_BLOCK_BYTES,
             );
-            let old = chunks.read(index, at, bytes as u32).await?;
+            let old = live.read(index, at, bytes as u32).await?;
             chunks.write(delta, at, old, true).await?;
         }
         Ok(())
@@ -267,7 +275,7 @@ async fn switch(shared: &Shared, wanted: SnapshotEpochs) {
         wanted.epoch
     );
     if wanted.epoch > current.epoch {
-        if let Err(e) = shared.chunks.flush().await {
+        if let Err(e) = shared.live.flush().await {
             // The writes stay unflushed: the volume's next FLUSH fails as they do.
             tracing::warn!("syncing the writes before a snapshot failed: {e}");
         }
@@ -301,27 +309,27 @@ impl Confirm {
 #[async_trait]
 impl ChunkIo for Preserving {
     async fn read(&self, index: u64, offset: u64, length: u32) -> Result<Bytes, IoError> {
-        self.shared.chunks.read(index, offset, length).await
+        self.shared.live.read(index, offset, length).await
     }
 
     async fn write(&self, index: u64, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
         let epochs = self.shared.epochs.read().await;
         self.preserve(&epochs, index, offset, data.len() as u64)
             .await?;
-        self.shared.chunks.write(index, offset, data, fua).await
+        self.shared.live.write(index, offset, data, fua).await
     }
 
     async fn zero(&self, index: u64, offset: u64, length: u64, punch: bool) -> Result<(), IoError> {
         let epochs = self.shared.epochs.read().await;
         self.preserve(&epochs, index, offset, length).await?;
-        self.shared.chunks.zero(index, offset, length, punch).await
+        self.shared.live.zero(index, offset, length, punch).await
     }
 
     async fn flush(&self) -> Result<(), IoError> {
-        self.shared.chunks.flush().await
+        self.shared.live.flush().await
     }
 
     fn is_allocated(&self, index: u64) -> bool {
-        self.shared.chunks.is_allocated(index)
+        self.shared.live.is_allocated(index)
     }
 }

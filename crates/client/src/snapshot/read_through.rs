@@ -39,7 +39,8 @@ struct Written {
 }
 
 pub struct ReadThrough {
-    chunks: ReplicatedChunks,
+    /// Shared with the snapshot layer above a writer's (its delta chunks).
+    chunks: Arc<ReplicatedChunks>,
     parent: SnapshotChunks,
     /// Opened for writing: this layer makes every change, so what it knows is
     /// current.
@@ -48,7 +49,7 @@ pub struct ReadThrough {
 }
 
 impl ReadThrough {
-    pub fn new(chunks: ReplicatedChunks, parent: SnapshotChunks, writer: bool) -> ReadThrough {
+    pub fn new(chunks: Arc<ReplicatedChunks>, parent: SnapshotChunks, writer: bool) -> ReadThrough {
         ReadThrough {
             chunks,
             parent,

@@ -7,6 +7,12 @@
 //! before it overwrites it, so the reader learns the live chunk's version `v` first,
 //! then the deltas' blocks, and reads the live chunk only from a replica that has
 //! taken nothing past `v`; when one has, it learns again.
+//!
+//! A snapshot of a clone reads through to the clone's parent snapshot where the clone
+//! had not written when it was taken: a chunk born at or after the snapshot, and
+//! a block that no delta holds and the live chunk does not own (the clone's first
+//! write over a block preserves the parent's contents, as its read then showed,
+//! before copying it up; ownership only grows, and is learned after the deltas).
 
 use super::blocks::Blocks;
 use crate::replicated::ReplicatedChunks;
@@ -28,11 +34,15 @@ const READ_DEADLINE: Duration = Duration::from_secs(60);
 struct Known {
     version: u64,
     deltas: Vec<(u32, Blocks)>,
+    /// A clone's: the blocks its live chunk owns (the rest read through).
+    owned: Option<Blocks>,
 }
 
 pub struct SnapshotChunks {
     chunks: ReplicatedChunks,
     epoch: u32,
+    /// A clone's parent snapshot.
+    parent: Option<Box<SnapshotChunks>>,
     known: Mutex<BTreeMap<u64, Arc<Known>>>,
 }
 
@@ -41,14 +51,21 @@ pub struct SnapshotChunks {
 enum Source {
     Live,
     Delta(u32),
+    Parent,
 }
 
 impl SnapshotChunks {
-    /// Snapshot of `epoch` over the volume's chunks (opened read-only).
-    pub fn new(chunks: ReplicatedChunks, epoch: u32) -> SnapshotChunks {
+    /// Snapshot of `epoch` over the volume's chunks (opened read-only); a clone's
+    /// reads through to `parent`.
+    pub fn new(
+        chunks: ReplicatedChunks,
+        epoch: u32,
+        parent: Option<SnapshotChunks>,
+    ) -> SnapshotChunks {
         SnapshotChunks {
             chunks,
             epoch,
+            parent: parent.map(Box::new),
             known: Mutex::default(),
         }
     }
@@ -62,9 +79,24 @@ impl SnapshotChunks {
             let extents = self.chunks.extents(delta_index(epoch, index)).await?;
             deltas.push((epoch, Blocks::from_extents(&extents)));
         }
-        let known = Arc::new(Known { version, deltas });
+        let owned = match self.parent {
+            Some(_) => Some(Blocks::from_extents(&self.chunks.extents(index).await?)),
+            None => None,
+        };
+        let known = Arc::new(Known {
+            version,
+            deltas,
+            owned,
+        });
         self.known.lock().unwrap().insert(index, known.clone());
         Ok(known)
+    }
+
+    /// Whether chunk `index` was allocated before the snapshot was taken.
+    fn existed(&self, index: u64) -> bool {
+        self.chunks
+            .born(index)
+            .is_some_and(|born| born < self.epoch)
     }
 
     /// The runs of `offset..offset + length` by where they come from.
@@ -75,11 +107,12 @@ impl SnapshotChunks {
         while at < end {
             let block = at / SNAPSHOT_BLOCK_BYTES;
             let next = ((block + 1) * SNAPSHOT_BLOCK_BYTES).min(end);
-            let source = known
-                .deltas
-                .iter()
-                .find(|(_, blocks)| blocks.contains(block))
-                .map_or(Source::Live, |(epoch, _)| Source::Delta(*epoch));
+            let through = |owned: &Blocks| !owned.contains(block);
+            let source = match known.deltas.iter().find(|(_, b)| b.contains(block)) {
+                Some((epoch, _)) => Source::Delta(*epoch),
+                None if known.owned.as_ref().is_some_and(through) => Source::Parent,
+                None => Source::Live,
+            };
             match runs.last_mut() {
                 Some((s, _, len)) if *s == source => *len += next - at,
                 _ => runs.push((source, at, next - at)),
@@ -105,6 +138,10 @@ impl SnapshotChunks {
                     let delta = delta_index(epoch, index);
                     self.chunks.read(delta, at, len as u32).await?
                 }
+                Source::Parent => {
+                    let parent = self.parent.as_ref().expect("a clone's");
+                    parent.read(index, at, len as u32).await?
+                }
                 Source::Live => {
                     let read = self
                         .chunks
@@ -125,13 +162,12 @@ impl SnapshotChunks {
 impl ChunkIo for SnapshotChunks {
     async fn read(&self, index: u64, offset: u64, length: u32) -> Result<Bytes, IoError> {
         // Allocated at or after the snapshot's epoch (or not at all): it did not
-        // exist when the snapshot was taken.
-        if self
-            .chunks
-            .born(index)
-            .is_none_or(|born| born >= self.epoch)
-        {
-            return Ok(BytesMut::zeroed(length as usize).freeze());
+        // exist when the snapshot was taken (a clone read its parent there).
+        if !self.existed(index) {
+            return match &self.parent {
+                Some(parent) => parent.read(index, offset, length).await,
+                None => Ok(BytesMut::zeroed(length as usize).freeze()),
+            };
         }
         let deadline = Instant::now() + READ_DEADLINE;
         let mut known = self.known.lock().unwrap().get(&index).cloned();
@@ -166,8 +202,6 @@ impl ChunkIo for SnapshotChunks {
     }
 
     fn is_allocated(&self, index: u64) -> bool {
-        self.chunks
-            .born(index)
-            .is_some_and(|born| born < self.epoch)
+        self.existed(index) || self.parent.as_ref().is_some_and(|p| p.is_allocated(index))
     }
 }
