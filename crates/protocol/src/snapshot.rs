@@ -101,6 +101,15 @@ pub fn split_snapshot(name: &str) -> Option<(&str, &str)> {
     name.split_once('@')
 }
 
+/// Why a clone with snapshots is not flattened: they read, wherever the clone had
+/// not written when they were taken, through to its parent, which a flatten forgets.
+pub fn flatten_refused_for_snapshots(name: &str, snapshot: &str) -> String {
+    format!(
+        "volume {name} has snapshots ({name}@{snapshot}...), which read through to its \
+         parent: delete them before flattening it"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,13 +132,4 @@ mod tests {
             assert!(check_snapshot_name(bad).is_err(), "{bad:?}");
         }
     }
-}
-
-/// Why a clone with snapshots is not flattened: they read, wherever the clone had
-/// not written when they were taken, through to its parent, which a flatten forgets.
-pub fn flatten_refused_for_snapshots(name: &str, snapshot: &str) -> String {
-    format!(
-        "volume {name} has snapshots ({name}@{snapshot}...), which read through to its \
-         parent: delete them before flattening it"
-    )
 }
