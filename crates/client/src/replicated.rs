@@ -931,11 +931,13 @@ impl ReplicatedChunks {
         let mut refused: Option<String> = None;
         let chunk_id = self.chunk_id(index);
         loop {
-            // Nothing is sent once the lease may have run out, resends included:
+            // Nothing is sent while the lease may have run out, resends included:
             // another gateway may hold the volume, and chunk servers hear of its
-            // generation only at their next heartbeat. The change may have landed on
-            // some replicas or none, so this generation can write no more.
-            if let Err(e) = lease.check() {
+            // generation only at their next heartbeat. A renewal of this generation
+            // shows no one else got it (a master restart); without one the change
+            // may have landed on some replicas or none, so this generation can write
+            // no more.
+            if let Err(e) = lease.wait_valid().await {
                 return Err(lease.abandon(e));
             }
             let Replicas {
@@ -1002,14 +1004,16 @@ impl ReplicatedChunks {
                         Outcome::Done | Outcome::Fenced(_) => {}
                     }
                 }
-                let mut chunks = self.chunks.lock().unwrap();
-                let chunk = chunks.get_mut(&index).expect("allocated");
-                chunk.committed = chunk.committed.max(stamp.version);
-                drop(chunks);
+                {
+                    let mut chunks = self.chunks.lock().unwrap();
+                    let chunk = chunks.get_mut(&index).expect("allocated");
+                    chunk.committed = chunk.committed.max(stamp.version);
+                }
                 in_flight.settled();
-                // Not acknowledged once the lease may have run out: another gateway
-                // may hold the volume by now, and its writes must follow all of ours.
-                lease.check()?;
+                // Not acknowledged while the lease may have run out (until a renewal
+                // shows it did not): another gateway may hold the volume by now, and
+                // its writes must follow all of ours.
+                lease.wait_valid().await?;
                 return refused.map_or(Ok(()), |why| Err(IoError::NoSpace(why)));
             }
             let short: Vec<ServerId> = outcomes

@@ -186,7 +186,8 @@ impl Drop for Extra {
 }
 
 /// The command that starts the demo's master again (after a kill -9) on its stored
-/// state, at its address (an existing cluster keeps its placement mode).
+/// state, at its address (add the demo's `--placement` if not mapx: a master refuses
+/// to start in another mode than its cluster map's).
 pub(crate) fn master_command(cluster: &Cluster) -> Command {
     let mut master = Command::new(FLOE);
     master
@@ -386,10 +387,9 @@ fn crush_moves_survive_kill_of_the_master_and_of_a_new_server() {
         unsafe { libc::kill(cluster.info.master_pid as i32, libc::SIGKILL) },
         0
     );
-    extra.spawn(
-        master_command(&cluster),
-        &dir.path().join("master-restarted.log"),
-    );
+    let mut master = master_command(&cluster);
+    master.args(["--placement", "crush"]);
+    extra.spawn(master, &dir.path().join("master-restarted.log"));
 
     // Then a new server, source or target of moves, at a random moment of a move.
     cluster.wait_for_status("1 moving", MOVE_TIMEOUT);
