@@ -20,7 +20,8 @@ use floe_protocol::connection::CallError;
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
     generation_of, ChunkId, ConnectionPool, DeviceClass, FsUsage, MasterRequest, MasterResponse,
-    Registration, ReplicaRequest, ReplicaResponse, Request, Response, ServerId, Stamp, Status,
+    Masters, Registration, ReplicaRequest, ReplicaResponse, Request, Response, ServerId, Stamp,
+    Status,
 };
 use replica::{Admit, Replica};
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,6 +32,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a heartbeat waits for a (leading) master's answer.
+const MASTER_CALL_LIMIT: Duration = Duration::from_secs(5);
 /// Heartbeats between two walks of the data directory for the used-bytes figure.
 const USAGE_REFRESH_HEARTBEATS: u32 = 5;
 /// How long an early change waits for the ones before it before the replica gives up
@@ -42,6 +45,7 @@ pub struct Config {
     pub listen: String,
     /// Address the master and peers should use; defaults to the bound address.
     pub advertise: Option<String>,
+    /// The master's address, or several (`a,b,c`) of which one leads.
     pub master: String,
     pub host: String,
     pub class: DeviceClass,
@@ -223,6 +227,8 @@ fn load_or_create_uuid(dir: &std::path::Path) -> Result<String, String> {
 /// the current lease generations so a writer that lost its lease is fenced even on
 /// chunks the new writer has not touched yet.
 async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc<ChunkServer>) {
+    // One master, or the leader of several (`a,b,c`).
+    let masters = Masters::parse(&master);
     let store = &server.store;
     let pool = server.peers.clone();
     let mut id: Option<ServerId> = None;
@@ -254,7 +260,10 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                 }
             }
         };
-        match pool.call(&master, Request::Master(request)).await {
+        match masters
+            .call(&pool, Request::Master(request), MASTER_CALL_LIMIT)
+            .await
+        {
             Ok(Response::Master(MasterResponse::Registered { id: new })) => {
                 tracing::info!(id = new, "registered with master");
                 id = Some(new);

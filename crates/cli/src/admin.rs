@@ -239,6 +239,10 @@ pub async fn delete(master: &MasterClient, name: &str) -> Result<(), String> {
 
 pub async fn status(master: &MasterClient) -> Result<(), String> {
     let status = master.status().await.map_err(|e| e.to_string())?;
+    let masters = master.address();
+    if masters.contains(',') {
+        println!("master: {} leads (of {masters})", master.leader());
+    }
     let mut hosts: Vec<&str> = status.servers.iter().map(|s| s.host.as_str()).collect();
     hosts.sort_unstable();
     hosts.dedup();

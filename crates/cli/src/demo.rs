@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 pub struct Options {
     pub dir: PathBuf,
     pub port: u16,
+    pub masters: u16,
     pub nbd_port: u16,
     pub volume_size: u64,
     pub metadata: Option<String>,
@@ -44,8 +45,10 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Serialize)]
 struct DemoFile {
     nbd_uri: String,
+    /// Every master's address (`a,b,c`), in the order of `master_pids`.
     master: String,
     master_pid: u32,
+    master_pids: Vec<u32>,
     chunkserver_pids: Vec<u32>,
     gateway_pid: u32,
 }
@@ -137,7 +140,27 @@ pub async fn run(options: Options) -> Result<(), String> {
     let dir = &options.dir;
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
-    let master_address = format!("127.0.0.1:{}", options.port);
+    // The first master at the port, more after the chunk servers' six.
+    let master_address = (0..options.masters)
+        .map(|i| match i {
+            0 => format!("127.0.0.1:{}", options.port),
+            i => format!(
+                "127.0.0.1:{}",
+                options.port + CHUNK_SERVERS.len() as u16 + i
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    if options.masters > 1
+        && !options
+            .metadata
+            .as_deref()
+            .is_some_and(|m| m.starts_with("etcd://"))
+    {
+        return Err(
+            "several masters share an etcd store: give --metadata etcd://HOST:PORT/PREFIX".into(),
+        );
+    }
     let metadata = options.metadata.clone().unwrap_or_else(|| {
         format!(
             "embedded:{}",
@@ -200,20 +223,27 @@ async fn start(
     processes: &mut Vec<Process>,
 ) -> Result<(), String> {
     let dir = &options.dir;
-    println!("starting master on {master_address} ({metadata})");
-    processes.push(Process::spawn(
-        "master",
-        &args(&[
-            "master",
-            "--listen",
-            master_address,
-            "--metadata",
-            metadata,
-            "--placement",
-            &options.placement.to_string(),
-        ]),
-        logs,
-    )?);
+    let masters: Vec<&str> = master_address.split(',').collect();
+    for (i, listen) in masters.iter().enumerate() {
+        println!("starting master on {listen} ({metadata})");
+        let name = match i {
+            0 => "master".to_string(),
+            i => format!("master-{i}"),
+        };
+        processes.push(Process::spawn(
+            &name,
+            &args(&[
+                "master",
+                "--listen",
+                listen,
+                "--metadata",
+                metadata,
+                "--placement",
+                &options.placement.to_string(),
+            ]),
+            logs,
+        )?);
+    }
     println!(
         "starting {} chunk servers{}",
         CHUNK_SERVERS.len(),
@@ -342,7 +372,11 @@ async fn start(
         nbd_uri: uri.clone(),
         master: master_address.to_string(),
         master_pid: processes[0].child.id(),
-        chunkserver_pids: processes[1..=CHUNK_SERVERS.len()]
+        master_pids: processes[..masters.len()]
+            .iter()
+            .map(|p| p.child.id())
+            .collect(),
+        chunkserver_pids: processes[masters.len()..masters.len() + CHUNK_SERVERS.len()]
             .iter()
             .map(|p| p.child.id())
             .collect(),

@@ -20,7 +20,8 @@ use std::path::PathBuf;
     about = "Floe: a distributed block store for virtual disks"
 )]
 struct Cli {
-    /// Address of the master (for admin commands and processes that talk to it).
+    /// Address of the master (for admin commands and processes that talk to it), or
+    /// of several masters (`a,b,c`) of which one leads.
     #[arg(
         long,
         global = true,
@@ -39,9 +40,13 @@ enum Command {
         /// Data directory; started again on the same one, the data is still there.
         #[arg(long, default_value = "floe-data")]
         dir: PathBuf,
-        /// Master port; chunk servers take the next six.
+        /// Master port; chunk servers take the next six, more masters the two after.
         #[arg(long, default_value_t = 7700)]
         port: u16,
+        /// Masters to run: one, or several on an etcd store (`--metadata etcd://...`)
+        /// of which one leads and the others stand by.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=3))]
+        masters: u16,
         #[arg(long, default_value_t = 10809)]
         nbd_port: u16,
         /// Size of the demo volume when it is created.
@@ -365,6 +370,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
         Command::Demo {
             dir,
             port,
+            masters,
             nbd_port,
             size,
             metadata,
@@ -377,6 +383,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             demo::run(demo::Options {
                 dir,
                 port,
+                masters,
                 nbd_port,
                 volume_size: size,
                 metadata,

@@ -49,7 +49,7 @@ pub async fn run(master: &MasterClient, command: SnapshotCommand) -> Result<(), 
                 .volume_map(&volume)
                 .await
                 .map_err(|e| e.to_string())?;
-            let master = std::sync::Arc::new(MasterClient::new(master.address()));
+            let master = std::sync::Arc::new(MasterClient::new(&master.address()));
             let preserved = floe_client::snapshot::diff::preserved_bytes(master, &volume).await?;
             println!(
                 "{:<24} {:>6} {:<20} {:>10} {:>10} state",

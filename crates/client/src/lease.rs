@@ -96,7 +96,7 @@ impl Lease {
         } = reply
         else {
             return Err(CallError::BadReply {
-                address: master.address().to_string(),
+                address: master.address(),
                 reason: format!("{reply:?}"),
             });
         };

@@ -1,9 +1,10 @@
-//! Typed calls to the master, over one pooled connection.
+//! Typed calls to the master (the leader of several, see `floe_protocol::masters`),
+//! over one pooled connection.
 
 use floe_protocol::connection::CallError;
 use floe_protocol::{
-    ClusterStatus, ConnectionPool, MasterRequest, MasterResponse, Request, Response, Volume,
-    VolumeMap, VolumeSpec, WriteMode,
+    ClusterStatus, ConnectionPool, MasterRequest, MasterResponse, Masters, Request, Response,
+    Volume, VolumeMap, VolumeSpec, WriteMode,
 };
 use std::time::Duration;
 
@@ -12,11 +13,12 @@ use std::time::Duration;
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct MasterClient {
-    address: String,
+    masters: Masters,
     pool: ConnectionPool,
 }
 
 impl MasterClient {
+    /// The master at `address`, or the leader of several (`a,b,c`).
     pub fn new(address: &str) -> MasterClient {
         MasterClient::over(address, ConnectionPool::default())
     }
@@ -25,7 +27,7 @@ impl MasterClient {
     /// `pool`'s transport.
     pub fn over(address: &str, pool: ConnectionPool) -> MasterClient {
         MasterClient {
-            address: address.to_string(),
+            masters: Masters::parse(address),
             pool,
         }
     }
@@ -35,8 +37,14 @@ impl MasterClient {
         &self.pool
     }
 
-    pub fn address(&self) -> &str {
-        &self.address
+    /// The addresses as given (`a` or `a,b,c`).
+    pub fn address(&self) -> String {
+        self.masters.list()
+    }
+
+    /// The master that answered last as leader.
+    pub fn leader(&self) -> String {
+        self.masters.leader().to_string()
     }
 
     /// One call, failing as `Closed` without an answer within [`CALL_TIMEOUT`].
@@ -51,13 +59,13 @@ impl MasterClient {
         limit: Duration,
     ) -> Result<MasterResponse, CallError> {
         match self
-            .pool
-            .call_within(&self.address, Request::Master(request), limit)
+            .masters
+            .call(&self.pool, Request::Master(request), limit)
             .await?
         {
             Response::Master(reply) => Ok(reply),
             other => Err(CallError::BadReply {
-                address: self.address.clone(),
+                address: self.masters.leader().to_string(),
                 reason: format!("{other:?}"),
             }),
         }
@@ -137,7 +145,7 @@ impl MasterClient {
 
     fn unexpected(&self, reply: MasterResponse) -> CallError {
         CallError::BadReply {
-            address: self.address.clone(),
+            address: self.masters.leader().to_string(),
             reason: format!("unexpected reply {reply:?}"),
         }
     }

@@ -13,6 +13,7 @@
 //! - [`map`]: the cluster map (expand, remap, shrink, merge).
 //! - [`status`]: `floe status`.
 //! - [`recovery`]: view changes that repair and move chunks, and scrub.
+//! - [`standby`]: several masters on one etcd store: one leads, the others stand by.
 //!
 //! [`state`] holds what the master knows and its keys in the metadata store (embedded
 //! redb or etcd). Every change is decided from the in-memory state, stored, and only
@@ -28,6 +29,7 @@ pub mod qos;
 pub mod reclaim;
 pub mod recovery;
 mod snapshots;
+mod standby;
 mod state;
 mod status;
 mod volumes;
@@ -35,7 +37,7 @@ mod volumes;
 pub use lease::{LEASE_DRIFT_MARGIN, LEASE_TERM};
 pub use membership::HEARTBEAT_TIMEOUT;
 
-use floe_metadata::{MetaStore, Op};
+use floe_metadata::{MetaError, MetaStore, Op};
 use floe_protocol::server::{self, Handler};
 use floe_protocol::{
     ConnectionPool, JournalUsage, MasterRequest, MasterResponse, PlacementMode, Request, Response,
@@ -146,7 +148,14 @@ impl Master {
         if ops.is_empty() {
             return Ok(());
         }
-        self.store.apply(ops).await.map_err(store_failed)
+        match self.store.apply(ops).await {
+            // Another master leads: nothing this one decides may stand.
+            Err(MetaError::Deposed) => {
+                tracing::error!("{}; stopping", MetaError::Deposed);
+                std::process::exit(3);
+            }
+            applied => applied.map_err(store_failed),
+        }
     }
 
     /// One change to the stored state: `decide` sees the state with every earlier
@@ -287,7 +296,9 @@ pub async fn start(
 }
 
 /// Serves the master on `listener` over the metadata store at `metadata` (see
-/// `floe_metadata::open`), repairing and moving chunks within `settings`.
+/// `floe_metadata::open`), repairing and moving chunks within `settings`. On a store
+/// several masters share (etcd), it stands by until elected and stops (returns an
+/// error) once it may no longer lead.
 pub async fn run(listener: TcpListener, metadata: &str, settings: Settings) -> Result<(), String> {
     let store = floe_metadata::open(metadata)
         .await
@@ -300,9 +311,36 @@ pub async fn run(listener: TcpListener, metadata: &str, settings: Settings) -> R
         report(panic);
         std::process::abort();
     }));
+    let address = listener
+        .local_addr()
+        .map_err(|e| e.to_string())?
+        .to_string();
+    let election = store.election();
+    let gate = Arc::new(standby::Gate::new(election.clone()));
+    let mut serving = tokio::spawn(server::serve(listener, gate.clone()));
+    let lost = match &election {
+        Some(election) => {
+            tracing::info!(%address, %metadata, "standing by: campaigning to lead");
+            let elected = election.campaign(&address);
+            let lost = tokio::select! {
+                served = &mut serving => return Err(format!("accept failed: {served:?}")),
+                elected = elected => elected.map_err(|e| e.to_string())?,
+            };
+            Some(lost)
+        }
+        None => None,
+    };
     let master = start(store, settings, ConnectionPool::default()).await?;
-    tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, %metadata, "master serving");
-    server::serve(listener, master)
-        .await
-        .map_err(|e| format!("accept failed: {e}"))
+    gate.lead(master);
+    tracing::info!(%address, %metadata, "master serving");
+    let lost = async {
+        match lost {
+            Some(lost) => lost.await.unwrap_or_else(|_| "the election ended".into()),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        served = serving => Err(format!("accept failed: {served:?}")),
+        why = lost => Err(format!("this master stopped leading: {why}; a standby takes over")),
+    }
 }

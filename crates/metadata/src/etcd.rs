@@ -1,13 +1,28 @@
-//! etcd v3 back end: the production store, shared by several masters.
+//! etcd v3 back end: the production store, shared by several masters, which elect one
+//! leader through etcd's election API on a lease of [`LEADER_TTL`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, ConnectOptions, DeleteOptions, GetOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Txn, TxnOp,
+};
+use tokio::time::Instant;
 
-use crate::{MetaError, MetaStore, Op};
+use crate::{Election, MetaError, MetaStore, Op};
+
+/// The leader's etcd lease: a standby takes over this long after the leader's last
+/// keep-alive.
+const LEADER_TTL: i64 = 3;
+const KEEP_ALIVE_EVERY: Duration = Duration::from_millis(500);
+/// A leader whose keep-alives have not been answered for this long stops leading
+/// (before its lease can run out at etcd and a standby be elected).
+const LEADER_GIVE_UP: Duration = Duration::from_secs(2);
+/// The election's key, under the store's prefix.
+const ELECTION: &str = "master-election";
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A stalled etcd or a partition must not hang the master, so every call has a deadline.
@@ -21,6 +36,16 @@ pub struct EtcdStore {
     prefix: String,
     /// For error messages.
     endpoints: String,
+    election: Arc<EtcdElection>,
+}
+
+/// The masters' election, sharing the store's client.
+pub struct EtcdElection {
+    client: Client,
+    name: Vec<u8>,
+    /// While this master leads: its election key and that key's create revision, on
+    /// which every batch it applies is conditional.
+    leading: Mutex<Option<(Vec<u8>, i64)>>,
 }
 
 impl EtcdStore {
@@ -48,10 +73,16 @@ impl EtcdStore {
         } else {
             format!("{prefix}/")
         };
+        let election = Arc::new(EtcdElection {
+            client: client.clone(),
+            name: format!("{prefix}{ELECTION}").into_bytes(),
+            leading: Mutex::new(None),
+        });
         Ok(Self {
             client,
             prefix,
             endpoints: joined,
+            election,
         })
     }
 
@@ -203,8 +234,94 @@ impl MetaStore for EtcdStore {
             return Ok(());
         }
         let mut client = self.client.clone();
-        self.call("txn", client.txn(Txn::new().and_then(ops)))
-            .await?;
+        let leading = self.election.leading.lock().unwrap().clone();
+        let txn = match &leading {
+            Some((key, revision)) => Txn::new()
+                .when(vec![Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    *revision,
+                )])
+                .and_then(ops),
+            None => Txn::new().and_then(ops),
+        };
+        let applied = self.call("txn", client.txn(txn)).await?;
+        if leading.is_some() && !applied.succeeded() {
+            return Err(MetaError::Deposed);
+        }
         Ok(())
+    }
+
+    fn election(&self) -> Option<Arc<dyn Election>> {
+        Some(self.election.clone())
+    }
+}
+
+#[async_trait]
+impl Election for EtcdElection {
+    async fn campaign(
+        &self,
+        address: &str,
+    ) -> Result<tokio::sync::oneshot::Receiver<String>, MetaError> {
+        let failed = |what: &str, e: etcd_client::Error| {
+            MetaError::Backend(format!("etcd election ({what}): {e}"))
+        };
+        let mut client = self.client.clone();
+        let lease = client
+            .lease_grant(LEADER_TTL, None)
+            .await
+            .map_err(|e| failed("lease", e))?
+            .id();
+        let (mut keeper, mut answers) = client
+            .lease_keep_alive(lease)
+            .await
+            .map_err(|e| failed("keep-alive", e))?;
+        // Kept alive while this master stands by too: its candidacy stays queued.
+        let (lost, hear) = tokio::sync::oneshot::channel();
+        let mut answered = Instant::now();
+        let election = self.name.clone();
+        let mut campaign = client.clone();
+        let elected = campaign.campaign(election, address.to_string(), lease);
+        let mut keep = Box::pin(async move {
+            loop {
+                tokio::time::sleep(KEEP_ALIVE_EVERY).await;
+                let sent = Instant::now();
+                let renewed = async {
+                    keeper.keep_alive().await?;
+                    answers.message().await
+                };
+                match tokio::time::timeout(KEEP_ALIVE_EVERY, renewed).await {
+                    Ok(Ok(Some(answer))) if answer.ttl() > 0 => answered = sent,
+                    other => tracing::warn!("etcd lease keep-alive failed: {other:?}"),
+                }
+                if answered.elapsed() >= LEADER_GIVE_UP {
+                    return format!(
+                        "its etcd lease was not renewed for {:?}",
+                        answered.elapsed()
+                    );
+                }
+            }
+        });
+        let key = tokio::select! {
+            why = &mut keep => return Err(MetaError::Backend(format!("etcd election: {why}"))),
+            elected = elected => elected.map_err(|e| failed("campaign", e))?,
+        };
+        let Some(key) = key.leader() else {
+            return Err(MetaError::Backend("etcd election: no leader key".into()));
+        };
+        // Kept once lost too: a deposed master's batches must keep failing.
+        *self.leading.lock().unwrap() = Some((key.key().to_vec(), key.rev()));
+        tokio::spawn(async move {
+            let why = keep.await;
+            let _ = lost.send(why);
+        });
+        Ok(hear)
+    }
+
+    async fn leader(&self) -> Option<String> {
+        let mut client = self.client.clone();
+        let found = tokio::time::timeout(REQUEST_TIMEOUT, client.leader(self.name.clone())).await;
+        let kv = found.ok()?.ok()?.take_kv()?;
+        kv.value_str().ok().map(String::from)
     }
 }

@@ -6,6 +6,10 @@
 //!
 //! Keys are UTF-8 strings with `/`-separated prefixes, values opaque bytes. A batch of
 //! operations applies atomically, so the master never leaves half an update behind.
+//!
+//! Several masters may share an etcd store: they elect one leader ([`Election`]), and
+//! the store applies only the leader's batches (each is conditional on its election
+//! key), so a deposed master can change nothing.
 
 use async_trait::async_trait;
 
@@ -19,6 +23,8 @@ pub enum MetaError {
     Backend(String),
     #[error("metadata store address {0:?} not understood: use embedded:PATH or etcd://HOST:PORT[,HOST:PORT]/PREFIX")]
     BadAddress(String),
+    #[error("this master no longer leads: another was elected (its etcd lease ran out)")]
+    Deposed,
 }
 
 /// One change in an atomic batch.
@@ -37,6 +43,23 @@ pub trait MetaStore: Send + Sync + 'static {
     /// Applies every op or none, with the effect of applying them in order (the last op
     /// touching a key wins).
     async fn apply(&self, ops: Vec<Op>) -> Result<(), MetaError>;
+    /// The election of masters sharing this store; `None` where one master owns it.
+    fn election(&self) -> Option<std::sync::Arc<dyn Election>> {
+        None
+    }
+}
+
+/// Masters sharing a store elect one leader; the others stand by.
+#[async_trait]
+pub trait Election: Send + Sync + 'static {
+    /// Waits until the master at `address` leads; from then on the store applies its
+    /// batches only while it still does. The receiver hears why when it stops leading.
+    async fn campaign(
+        &self,
+        address: &str,
+    ) -> Result<tokio::sync::oneshot::Receiver<String>, MetaError>;
+    /// The leader's address, when one leads.
+    async fn leader(&self) -> Option<String>;
 }
 
 /// Opens a store from an address: `embedded:PATH` or `etcd://HOST:PORT[,HOST:PORT]/PREFIX`.

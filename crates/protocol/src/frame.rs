@@ -42,6 +42,8 @@ pub enum Status {
     /// The replica took a change past the version the read may see (a snapshot's
     /// reader): it must learn what that change preserved first.
     Ahead = 13,
+    /// This master stands by: another leads (its address is the message, when known).
+    NotLeader = 14,
 }
 
 impl Status {
@@ -60,6 +62,7 @@ impl Status {
             11 => Status::Busy,
             12 => Status::Corrupt,
             13 => Status::Ahead,
+            14 => Status::NotLeader,
             _ => Status::Io,
         }
     }

@@ -12,6 +12,8 @@
 //! - [`connection`]: a pipelined client connection: many requests in flight, replies
 //!   matched by request id, outgoing frames batched into few socket writes.
 //! - [`server`]: the accept loop and per-connection serving with the same batching.
+//! - [`masters`]: the master's addresses (one, or several of which one leads), and
+//!   calls that follow the leader.
 //! - [`transport`]: the seam under every inter-process call: TCP for real processes,
 //!   an in-process network for the simulator; [`ConnectionPool`] calls through it.
 //!
@@ -20,6 +22,7 @@
 pub mod connection;
 pub mod frame;
 pub mod log_commit;
+pub mod masters;
 pub mod message;
 pub mod server;
 pub mod snapshot;
@@ -28,6 +31,7 @@ pub mod types;
 
 pub use connection::{Connection, TcpTransport};
 pub use frame::{Frame, FrameError, Status};
+pub use masters::Masters;
 pub use message::{
     ClusterMapInfo, LayerInfo, MasterRequest, MasterResponse, Proposal, Registration, RepairKind,
     ReplicaRequest, ReplicaResponse, Request, Response,
@@ -37,4 +41,4 @@ pub use transport::{ConnectionPool, Transport};
 pub use types::*;
 
 /// Bumped on any incompatible change of frames or messages.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;

@@ -10,14 +10,17 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 pub const FLOE: &str = env!("CARGO_BIN_EXE_floe");
-/// Ports each cluster takes: master, six chunk servers, NBD.
-const PORTS_PER_CLUSTER: u16 = 8;
+/// Ports each cluster takes: master, six chunk servers, two more masters (`--masters`),
+/// NBD.
+const PORTS_PER_CLUSTER: u16 = 10;
 
 #[derive(Deserialize, Debug, Clone)]
 pub struct DemoFile {
     pub nbd_uri: String,
+    /// Every master's address (`a,b,c`), in the order of `master_pids`.
     pub master: String,
     pub master_pid: u32,
+    pub master_pids: Vec<u32>,
     pub chunkserver_pids: Vec<u32>,
     pub gateway_pid: u32,
 }

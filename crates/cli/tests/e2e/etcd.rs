@@ -11,50 +11,70 @@ use std::time::{Duration, Instant};
 
 const ETCD: &str = "/usr/bin/etcd";
 
-/// A single-member etcd on loopback with its own data directory; killed on drop.
-struct Etcd {
-    child: Child,
-    client_port: u16,
+/// An etcd of one or more members on loopback, each with its own data directory under
+/// one directory; killed on drop.
+pub struct Etcd {
+    members: Vec<Child>,
+    pub client_ports: Vec<u16>,
 }
 
 impl Etcd {
     fn start(data: &Path, log: &Path) -> Etcd {
+        Etcd::start_members(1, data, log)
+    }
+
+    /// `n` members (data under `data/m0`..., logs beside `log`).
+    pub fn start_members(n: u16, data: &Path, log: &Path) -> Etcd {
         assert!(
             Path::new(ETCD).exists(),
             "{ETCD} is missing: install etcd-server (see .ci/run)"
         );
         // A block of its own, so no cluster of a parallel test takes these ports.
         let base = free_ports();
-        let (client_port, peer_port) = (base, base + 1);
-        let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(log).unwrap();
-        let child = Command::new(ETCD)
-            .args(["--name", "floe-e2e", "--data-dir"])
-            .arg(data)
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("floe-e2e={peer}")])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {ETCD}: {e}"));
-        let mut etcd = Etcd { child, client_port };
+        let ports: Vec<(u16, u16)> = (0..n).map(|i| (base + 2 * i, base + 2 * i + 1)).collect();
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect();
+        let mut members = Vec::new();
+        for (i, (client_port, peer_port)) in ports.iter().enumerate() {
+            let client = format!("http://127.0.0.1:{client_port}");
+            let peer = format!("http://127.0.0.1:{peer_port}");
+            let log = std::fs::File::create(log.with_extension(format!("m{i}.log"))).unwrap();
+            let child = Command::new(ETCD)
+                .args(["--name", &format!("m{i}"), "--data-dir"])
+                .arg(data.join(format!("m{i}")))
+                .args([
+                    "--listen-client-urls",
+                    &client,
+                    "--advertise-client-urls",
+                    &client,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer,
+                    "--initial-advertise-peer-urls",
+                    &peer,
+                ])
+                .args(["--initial-cluster", &initial.join(",")])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run {ETCD}: {e}"));
+            members.push(child);
+        }
+        let mut etcd = Etcd {
+            members,
+            client_ports: ports.iter().map(|(client, _)| *client).collect(),
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !etcd.healthy() {
-            if let Ok(Some(status)) = etcd.child.try_wait() {
-                panic!("etcd exited early: {status}");
+        while !etcd.client_ports.iter().all(|p| healthy(*p)) {
+            for member in &mut etcd.members {
+                if let Ok(Some(status)) = member.try_wait() {
+                    panic!("etcd exited early: {status}");
+                }
             }
             assert!(Instant::now() < deadline, "etcd not healthy in time");
             std::thread::sleep(Duration::from_millis(100));
@@ -62,24 +82,36 @@ impl Etcd {
         etcd
     }
 
-    /// etcd's own /health endpoint says the member has a leader and serves.
-    fn healthy(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        let mut reply = String::new();
-        stream.write_all(request.as_bytes()).is_ok()
-            && stream.read_to_string(&mut reply).is_ok()
-            && reply.replace(' ', "").contains("\"health\":\"true\"")
+    /// `etcd://` endpoints of every member, under `prefix`.
+    pub fn metadata(&self, prefix: &str) -> String {
+        let hosts: Vec<String> = self
+            .client_ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("etcd://{}/{prefix}", hosts.join(","))
     }
+}
+
+/// etcd's own /health endpoint says the member has a leader and serves.
+fn healthy(client_port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", client_port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    let mut reply = String::new();
+    stream.write_all(request.as_bytes()).is_ok()
+        && stream.read_to_string(&mut reply).is_ok()
+        && reply.replace(' ', "").contains("\"health\":\"true\"")
 }
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for member in &mut self.members {
+            let _ = member.kill();
+            let _ = member.wait();
+        }
     }
 }
 
@@ -91,7 +123,7 @@ fn etcd_backed_cluster_io_map_restart_and_list() {
         &etcd_dir.path().join("data"),
         &etcd_dir.path().join("etcd.log"),
     );
-    let metadata = format!("etcd://127.0.0.1:{}/floe", etcd.client_port);
+    let metadata = etcd.metadata("floe");
     let mut cluster = Cluster::start_on(dir.path(), free_ports(), Some(metadata));
     // The master must not have fallen back to a local store.
     assert!(

@@ -18,6 +18,7 @@ mod integrity;
 mod io_helpers;
 mod mark_lost;
 mod master_outage;
+mod masters;
 mod nbd_raw;
 mod netcut;
 mod qos;
