@@ -65,10 +65,14 @@ fn a_standby_master_takes_over_from_a_killed_leader_without_a_client_error() {
         next = leader(&cluster).unwrap_or_default();
         !next.is_empty() && next != first
     });
-    assert_clean(
-        &fio.wait_with_output().unwrap(),
-        "fio through a master failover",
-    );
+    let out = fio.wait_with_output().unwrap();
+    assert_clean(&out, "fio through a master failover");
     assert!(masters.contains(&next), "{next} leads, none of {masters:?}");
-    println!("master {first} killed; {next} took over; fio clean and verified");
+    // The longest a write waited: about the failover.
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let waited = said.lines().find(|l| l.trim_start().starts_with("clat ("));
+    println!(
+        "master {first} killed; {next} took over; fio clean and verified; {}",
+        waited.unwrap_or("(no latency line)").trim()
+    );
 }
