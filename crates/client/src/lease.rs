@@ -48,6 +48,8 @@ pub struct Lease {
     /// A change ended unsettled (failed or cancelled after it was sent): it may have
     /// left replicas unequal, so the lease is not released at close.
     unsettled: AtomicBool,
+    /// Writes wait for a renewal (logged once a lapse).
+    waiting: AtomicBool,
 }
 
 /// A change sent under a lease. Unless it ends [`InFlight::settled`] (committed, and
@@ -129,6 +131,7 @@ impl Lease {
             snapshots,
             renewer,
             unsettled: AtomicBool::new(false),
+            waiting: AtomicBool::new(false),
         })
     }
 
@@ -209,11 +212,10 @@ impl Lease {
     /// version yet: nothing of it is sent while it waits.
     pub async fn wait_valid(&self) -> Result<(), IoError> {
         let deadline = Instant::now() + MASTER_WAIT;
-        let mut logged = false;
         loop {
             match self.check() {
                 Ok(()) => {
-                    if logged {
+                    if self.waiting.swap(false, Ordering::Relaxed) {
                         tracing::info!(volume = %self.volume, "lease renewed: writes go on");
                     }
                     return Ok(());
@@ -221,14 +223,12 @@ impl Lease {
                 Err(e) if self.lost.lock().unwrap().is_some() || Instant::now() >= deadline => {
                     return Err(e)
                 }
-                Err(_) if !logged => {
-                    tracing::warn!(
-                        volume = %self.volume,
-                        generation = self.generation,
-                        "the lease ran out: the master has not renewed it (unreachable?); writes wait for a renewal (at most {MASTER_WAIT:?})"
-                    );
-                    logged = true;
-                }
+                // Logged once per lapse, not once per waiting write.
+                Err(_) if !self.waiting.swap(true, Ordering::Relaxed) => tracing::warn!(
+                    volume = %self.volume,
+                    generation = self.generation,
+                    "the lease ran out: the master has not renewed it (unreachable?); writes wait for a renewal (at most {MASTER_WAIT:?})"
+                ),
                 Err(_) => {}
             }
             tokio::time::sleep(MASTER_RETRY).await;

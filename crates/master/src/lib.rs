@@ -317,21 +317,25 @@ pub async fn run(listener: TcpListener, metadata: &str, settings: Settings) -> R
         .to_string();
     let election = store.election();
     let gate = Arc::new(standby::Gate::new(election.clone()));
-    let mut serving = tokio::spawn(server::serve(listener, gate.clone()));
-    let lost = match &election {
+    let (lost, serving) = match &election {
+        // Standbys answer at once (`NotLeader`, naming the leader).
         Some(election) => {
+            let mut serving = tokio::spawn(server::serve(listener, gate.clone()));
             tracing::info!(%address, %metadata, "standing by: campaigning to lead");
             let elected = election.campaign(&address);
             let lost = tokio::select! {
                 served = &mut serving => return Err(format!("accept failed: {served:?}")),
                 elected = elected => elected.map_err(|e| e.to_string())?,
             };
-            Some(lost)
+            gate.lead(start(store, settings, ConnectionPool::default()).await?);
+            (Some(lost), serving)
         }
-        None => None,
+        // The only master: connections wait in the backlog while it loads.
+        None => {
+            gate.lead(start(store, settings, ConnectionPool::default()).await?);
+            (None, tokio::spawn(server::serve(listener, gate.clone())))
+        }
     };
-    let master = start(store, settings, ConnectionPool::default()).await?;
-    gate.lead(master);
     tracing::info!(%address, %metadata, "master serving");
     let lost = async {
         match lost {

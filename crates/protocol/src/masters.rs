@@ -59,7 +59,17 @@ impl Masters {
     ) -> Result<Response, CallError> {
         let n = self.addresses.len();
         if n <= 1 {
-            return pool.call_within(self.leader(), request, limit).await;
+            return match pool.call_within(self.leader(), request, limit).await {
+                // As unreachable: callers that wait out a restart wait this out too.
+                Err(CallError::Remote {
+                    status: Status::NotLeader,
+                    ..
+                }) => Err(CallError::Closed(format!(
+                    "{} does not lead (a standby: give every master's address, a,b,c)",
+                    self.leader()
+                ))),
+                answered => answered,
+            };
         }
         let deadline = Instant::now() + limit;
         let mut at = self.leader.load(Ordering::Relaxed) % n;
