@@ -91,8 +91,9 @@ enum Command {
         /// Copy rate of each chunk move, e.g. 50M (0: unlimited).
         #[arg(long, default_value = "50M", value_parser = size::parse)]
         move_rate: u64,
-        /// Placement of a new cluster: mapx (growth moves nothing) or crush. An existing
-        /// cluster keeps the mode its map was created with.
+        /// Placement of a new cluster: mapx (growth moves nothing) or crush. For an
+        /// existing cluster it must name the mode its map was created with (the master
+        /// refuses to start otherwise: switching would move every chunk).
         #[arg(long, default_value = "mapx")]
         placement: PlacementMode,
         /// Time between background scrubs of every volume, e.g. 7d, 12h (0: off).
