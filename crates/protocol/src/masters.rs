@@ -101,12 +101,10 @@ impl Masters {
                             status: Status::NotLeader,
                             message: format!("{address} stands by"),
                         });
-                        continue;
                     }
                     Err(e @ (CallError::Connect { .. } | CallError::Closed(_))) => {
                         last = Some(e);
                         at = (at + 1) % n;
-                        continue;
                     }
                     answered => {
                         self.leader.store(at, Ordering::Relaxed);
