@@ -61,7 +61,6 @@ pub async fn open_volume(
     name: &str,
     access: Access<'_>,
 ) -> Result<Arc<dyn BlockDevice>, String> {
-    let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
     let (writable, limit) = match access {
         Access::Write {
             unretired_limit, ..
@@ -75,6 +74,9 @@ pub async fn open_volume(
         }
         Access::Read | Access::Stale { .. } => None,
     };
+    // Read once the lease is held: a lease waited for ends after the previous writer's
+    // last allocation, which the map then holds.
+    let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
     // Without a lease there are no renewals: a read-only attach keeps the operator's
     // limits as of its opening.
     let limits = match &lease {

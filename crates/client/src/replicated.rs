@@ -384,6 +384,7 @@ impl ReplicatedChunks {
                 index,
                 proposal: proposal.clone(),
                 epoch: self.epoch.load(Ordering::Relaxed),
+                generation: self.lease.as_ref().map_or(0, Lease::generation),
             };
             match self.master.call(request).await {
                 Ok(reply) => break reply,

@@ -15,6 +15,7 @@ impl Master {
         index: u64,
         proposal: Option<Proposal>,
         epoch: u32,
+        generation: u32,
     ) -> Reply {
         // The first chunk of a cluster puts every registered server into the map.
         if self.state().map.map.epoch == 0 {
@@ -29,6 +30,20 @@ impl Master {
                             format!("volume id {volume_id} does not exist"),
                         ));
                     };
+                    if state
+                        .leases
+                        .get(&volume_id)
+                        .is_some_and(|l| l.generation != generation || l.revoked)
+                    {
+                        return Err((
+                            Status::Fenced,
+                            format!(
+                                "the lease of volume {} (generation {generation}) was lost: \
+                                 its writer allocates no chunk",
+                                volume.spec.name
+                            ),
+                        ));
+                    }
                     let (delta_of, live) = split_index(index);
                     if live >= volume.spec.chunk_count() {
                         return Err((
@@ -63,7 +78,10 @@ impl Master {
                         view: 0,
                         stale: Vec::new(),
                         layer,
-                        born: epoch,
+                        // The newest epoch, not the writer's: a writer still on an
+                        // older one (deposed, its request late, or not yet switched)
+                        // writes nothing any snapshot taken before now must keep.
+                        born: volume.snapshot_epoch,
                     };
                     placement.replicas = state.desired(volume_id, &placement)?;
                     // A writer on the same epoch computes the same; one that differs

@@ -210,7 +210,11 @@ impl Master {
                 index,
                 proposal,
                 epoch,
-            } => self.allocate_chunk(volume_id, index, proposal, epoch).await,
+                generation,
+            } => {
+                self.allocate_chunk(volume_id, index, proposal, epoch, generation)
+                    .await
+            }
             R::ReportLaggard {
                 volume_id,
                 index,

@@ -145,6 +145,7 @@ fn allocate(volume_id: u64, index: u64) -> MasterRequest {
         index,
         proposal: None,
         epoch: 0,
+        generation: 0,
     }
 }
 

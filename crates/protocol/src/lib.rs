@@ -41,4 +41,4 @@ pub use transport::{ConnectionPool, Transport};
 pub use types::*;
 
 /// Bumped on any incompatible change of frames or messages.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;

@@ -154,9 +154,14 @@ pub enum MasterRequest {
         index: u64,
         #[serde(default)]
         proposal: Option<Proposal>,
-        /// The writer's snapshot epoch (recorded as the chunk's `born`).
+        /// The writer's snapshot epoch (never past the volume's). The chunk is
+        /// `born` in the volume's newest epoch.
         #[serde(default)]
         epoch: u32,
+        /// The writer's lease generation: a deposed writer allocates nothing (its
+        /// request may arrive after the next writer read the volume's chunks).
+        #[serde(default)]
+        generation: u32,
     },
     /// The cluster map and the servers not yet in it.
     GetClusterMap,

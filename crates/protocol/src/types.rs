@@ -419,8 +419,8 @@ pub struct ChunkPlacement {
     /// the chunk id it fixes the chunk's placement group for good.
     #[serde(default)]
     pub layer: u8,
-    /// The writer's snapshot epoch when the chunk was allocated: snapshots of that
-    /// epoch and older read it as zeroes.
+    /// The volume's newest snapshot epoch when the chunk was allocated: snapshots of
+    /// that epoch and older read it as zeroes.
     #[serde(default)]
     pub born: u32,
 }

@@ -156,6 +156,7 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (1051, "a stale reader's map named a replica the master had moved away (it answered version 0 in a later view): the acknowledged floor fell below a write acknowledged by the new replicas"),
     (1191, "a stale reader timed its map from when the layer was built, not from before the map was read: a chunk allocated between read as zeroes past the bound"),
     (602001, "freeing a deleted snapshot's delta chunk dropped it on two replicas while the third's server was dying, and kept its placement: a repair then moved the dropped replicas to a later view, so the drop was refused forever and the chunk counted current at version 0"),
+    (701560, "a deposed writer's allocation, retried until the master answered, landed after a snapshot and recorded the chunk as born before it (the writer's old epoch): the new writer, whose map lacked the chunk, preserved nothing, and the snapshot read its later writes"),
 ];
 
 /// Replaying one seed (`FLOE_SIM_SEED`) runs that seed alone.

@@ -376,6 +376,7 @@ fn journal_pressure_throttles_writes_until_it_drains() {
             index: 0,
             proposal: None,
             epoch: 0,
+            generation: 0,
         };
         let MasterResponse::Chunk { placement, .. } = call(&master, allocate).await else {
             panic!("no placement");

@@ -47,6 +47,11 @@ pub async fn flatten(
         .await
         .map_err(|e| format!("{e} (a flatten needs the volume closed)"))?;
     let generation = lease.generation();
+    // Read again under the lease: it holds the chunks the previous writer allocated.
+    let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
+    if let Some(snapshot) = map.volume.snapshots.first() {
+        return Err(flatten_refused_for_snapshots(name, &snapshot.name));
+    }
     let spec = map.volume.spec.clone();
     let parent = snapshot_chunks(master.clone(), &parent).await?;
     let clone = ReadThrough::new(
