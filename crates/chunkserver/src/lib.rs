@@ -18,6 +18,7 @@ use floe_chunkstore::{ChunkMeta, Durability, Store, StoreError};
 pub use floe_chunkstore::{JournalDir, Options as StoreOptions};
 use floe_protocol::connection::CallError;
 use floe_protocol::server::{self, Handler};
+use floe_protocol::tls::Role;
 use floe_protocol::{
     generation_of, ChunkId, ConnectionPool, DeviceClass, FsUsage, MasterRequest, MasterResponse,
     Masters, Registration, ReplicaRequest, ReplicaResponse, Request, Response, ServerId, Stamp,
@@ -801,6 +802,13 @@ impl ChunkServer {
 }
 
 impl Handler for ChunkServer {
+    /// Every process of the cluster reads and writes replicas: gateways, peers
+    /// repairing, the master's recovery, the CLI's flatten and diff. A stranger has
+    /// no certificate from the CA and never gets this far.
+    fn permits(&self, _: Role, _: &Request) -> Result<(), String> {
+        Ok(())
+    }
+
     async fn handle(self: Arc<Self>, request: Request) -> Response {
         match request {
             Request::Write {

@@ -3,11 +3,14 @@
 //! (an `ssd` and an `hdd` device each) and a gateway, plus a ready volume.
 //!
 //! Writes `DIR/demo.json` with the processes' PIDs and the NBD URI, for scripts and
-//! tests; each process logs to `DIR/logs/NAME.log`.
+//! tests, and `DIR/env`, the CLI's settings for this cluster; each process logs to
+//! `DIR/logs/NAME.log`. Unless `--plain`, every connection between the processes is
+//! TLS, with a CA and certificates made in `DIR/certs` on the first start.
 
-use crate::size;
+use crate::{cert, size};
 use floe_client::master::MasterClient;
 use floe_protocol::connection::CallError;
+use floe_protocol::tls::Role;
 use floe_protocol::{PlacementMode, Status, VolumeMode, VolumeSpec, WriteMode};
 use serde::Serialize;
 use std::fs::OpenOptions;
@@ -28,6 +31,7 @@ pub struct Options {
     pub write_mode: WriteMode,
     pub emulate_hdd: bool,
     pub journal_quota: u64,
+    pub plain: bool,
 }
 
 /// (host, device class) of each chunk server.
@@ -41,6 +45,8 @@ const CHUNK_SERVERS: [(&str, &str); 6] = [
 ];
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Validity of the demo's certificates, in days.
+const CERT_DAYS: i64 = 3650;
 
 #[derive(Serialize)]
 struct DemoFile {
@@ -51,6 +57,68 @@ struct DemoFile {
     master_pids: Vec<u32>,
     chunkserver_pids: Vec<u32>,
     gateway_pid: u32,
+    /// The cluster's certificates (`NAME.pem` per process, `admin.pem`, `ca.pem`),
+    /// unless `--plain`.
+    certs: Option<PathBuf>,
+}
+
+/// The demo's certificates: one per process, and the operator's.
+struct Credentials {
+    dir: PathBuf,
+}
+
+impl Credentials {
+    /// Makes what `dir` lacks: a CA on the first start, then a certificate for
+    /// every process the demo may run.
+    fn prepare(dir: PathBuf) -> Result<Credentials, String> {
+        if !dir.join("ca.pem").exists() {
+            cert::init(&dir)?;
+        }
+        let masters = ["master", "master-1", "master-2"].map(|m| (m.to_string(), Role::Master));
+        let chunkservers =
+            (0..CHUNK_SERVERS.len()).map(|i| (format!("chunkserver-{i}"), Role::Chunkserver));
+        let others = [
+            ("gateway".to_string(), Role::Gateway),
+            ("admin".to_string(), Role::Admin),
+        ];
+        let hosts = ["localhost".to_string(), "127.0.0.1".to_string()];
+        for (name, role) in masters.into_iter().chain(chunkservers).chain(others) {
+            if !dir.join(format!("{name}.pem")).exists() {
+                cert::issue(&dir, &name, role, &hosts, CERT_DAYS)?;
+            }
+        }
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(Credentials { dir })
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    fn cert(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.pem"))
+    }
+}
+
+/// `args` for process `name`, with its certificate when the demo runs TLS.
+fn with_credentials(
+    credentials: Option<&Credentials>,
+    name: &str,
+    args: Vec<String>,
+) -> Vec<String> {
+    let Some(credentials) = credentials else {
+        return args;
+    };
+    let mut out = vec![
+        "--ca".to_string(),
+        credentials.ca().display().to_string(),
+        "--cert".to_string(),
+        credentials.cert(name).display().to_string(),
+    ];
+    out.extend(args);
+    out
 }
 
 struct Process {
@@ -167,8 +235,22 @@ pub async fn run(options: Options) -> Result<(), String> {
             dir.join("master").join("meta.redb").display()
         )
     });
+    let credentials = match options.plain {
+        true => None,
+        false => Some(Credentials::prepare(dir.join("certs"))?),
+    };
+    if let Some(credentials) = &credentials {
+        floe_protocol::tls::install(&credentials.ca(), &credentials.cert("admin"))?;
+    }
     let mut processes = Vec::new();
-    let result = start(&options, &master_address, &metadata, &logs, &mut processes).await;
+    let result = start(
+        &options,
+        &master_address,
+        &metadata,
+        credentials.as_ref(),
+        &mut processes,
+    )
+    .await;
     if let Err(e) = result {
         stop_all(&mut processes);
         return Err(e);
@@ -219,10 +301,14 @@ async fn start(
     options: &Options,
     master_address: &str,
     metadata: &str,
-    logs: &Path,
+    credentials: Option<&Credentials>,
     processes: &mut Vec<Process>,
 ) -> Result<(), String> {
     let dir = &options.dir;
+    let logs = &dir.join("logs");
+    let spawn = |name: &str, args: Vec<String>| {
+        Process::spawn(name, &with_credentials(credentials, name, args), logs)
+    };
     let masters: Vec<&str> = master_address.split(',').collect();
     for (i, listen) in masters.iter().enumerate() {
         println!("starting master on {listen} ({metadata})");
@@ -230,9 +316,9 @@ async fn start(
             0 => "master".to_string(),
             i => format!("master-{i}"),
         };
-        processes.push(Process::spawn(
+        processes.push(spawn(
             &name,
-            &args(&[
+            args(&[
                 "master",
                 "--listen",
                 listen,
@@ -241,7 +327,6 @@ async fn start(
                 "--placement",
                 &options.placement.to_string(),
             ]),
-            logs,
         )?);
     }
     println!(
@@ -272,11 +357,7 @@ async fn start(
         if *class == "hdd" {
             arguments.extend(hdd_arguments(options, host));
         }
-        processes.push(Process::spawn(
-            &format!("chunkserver-{i}"),
-            &arguments,
-            logs,
-        )?);
+        processes.push(spawn(&format!("chunkserver-{i}"), arguments)?);
     }
     let master = MasterClient::new(master_address);
     let deadline = Instant::now() + STARTUP_TIMEOUT;
@@ -336,16 +417,15 @@ async fn start(
     }
     let nbd_address = format!("127.0.0.1:{}", options.nbd_port);
     println!("starting gateway on {nbd_address}");
-    processes.push(Process::spawn(
+    processes.push(spawn(
         "gateway",
-        &args(&[
+        args(&[
             "gateway",
             "--listen",
             &nbd_address,
             "--master",
             master_address,
         ]),
-        logs,
     )?);
     // Ready when an NBD server greets on the port and our gateway is still running a
     // moment later: another process may hold the port, and then ours exits.
@@ -381,21 +461,46 @@ async fn start(
             .map(|p| p.child.id())
             .collect(),
         gateway_pid: processes.last().expect("gateway").child.id(),
+        certs: credentials.map(|c| c.dir.clone()),
     };
     let json = serde_json::to_vec_pretty(&file).expect("demo file serializes");
     std::fs::write(dir.join("demo.json"), json).map_err(|e| e.to_string())?;
+    let env = dir.join("env");
+    std::fs::write(&env, cli_settings(master_address, credentials))
+        .map_err(|e| format!("cannot write {}: {e}", env.display()))?;
     println!();
     println!("ready: {uri}");
     println!("  try: nbdinfo {uri}");
+    match credentials {
+        Some(c) => println!(
+            "  TLS between the processes; certificates in {}",
+            c.dir.display()
+        ),
+        None => println!("  plain TCP between the processes (--plain)"),
+    }
     println!(
-        "  logs: {}   status: floe status --master {master_address}",
-        logs.display()
+        "  logs: {}   status: . {}; floe status",
+        logs.display(),
+        env.display()
     );
     println!(
         "  Ctrl-C stops the cluster; data stays in {}",
         dir.display()
     );
     Ok(())
+}
+
+/// The CLI's settings for this cluster, as shell exports.
+fn cli_settings(master: &str, credentials: Option<&Credentials>) -> String {
+    let mut out = format!("export FLOE_MASTER={master}\n");
+    if let Some(c) = credentials {
+        out += &format!(
+            "export FLOE_CA={}\nexport FLOE_CERT={}\n",
+            c.ca().display(),
+            c.cert("admin").display()
+        );
+    }
+    out
 }
 
 /// Whether the server at `address` sends an NBD greeting.

@@ -1,6 +1,7 @@
 //! `floe`: one binary for every Floe process and the admin commands.
 
 mod admin;
+mod cert;
 mod cluster;
 mod demo;
 mod placement;
@@ -29,6 +30,13 @@ struct Cli {
         default_value = "127.0.0.1:7700"
     )]
     master: String,
+    /// The cluster CA's certificate: with --cert, every connection this process
+    /// makes or serves is TLS (see `floe cert`).
+    #[arg(long, global = true, env = "FLOE_CA", requires = "cert")]
+    ca: Option<PathBuf>,
+    /// This process's certificate and key, one PEM file from `floe cert issue`.
+    #[arg(long, global = true, env = "FLOE_CERT", requires = "ca")]
+    cert: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -71,6 +79,10 @@ enum Command {
         /// system, and journals are allocated when a server starts.
         #[arg(long, value_parser = size::parse, default_value = "256M")]
         journal_quota: u64,
+        /// Plain TCP between the processes instead of TLS with certificates the demo
+        /// makes in DIR/certs.
+        #[arg(long)]
+        plain: bool,
     },
     /// Run the master.
     Master {
@@ -147,6 +159,9 @@ enum Command {
     /// Offline placement tools: crushtool-compatible mapping, MAPX simulations.
     #[command(subcommand)]
     Placement(placement::PlacementCommand),
+    /// The cluster's CA and certificates, for TLS between its processes.
+    #[command(subcommand)]
+    Cert(cert::CertCommand),
     /// The cluster map: show it, add new chunk servers.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -366,6 +381,15 @@ async fn stop_signal() {
 }
 
 async fn execute(cli: Cli) -> Result<(), String> {
+    // The demo makes its cluster's certificates itself; `cert` needs none.
+    if let (Some(ca), Some(cert), false) = (
+        &cli.ca,
+        &cli.cert,
+        matches!(cli.command, Command::Demo { .. } | Command::Cert(_)),
+    ) {
+        let identity = floe_protocol::tls::install(ca, cert)?;
+        tracing::info!("TLS as {identity}");
+    }
     let master = MasterClient::new(&cli.master);
     match cli.command {
         Command::Demo {
@@ -380,6 +404,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             write_mode,
             emulate_hdd,
             journal_quota,
+            plain,
         } => {
             demo::run(demo::Options {
                 dir,
@@ -393,6 +418,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 write_mode,
                 emulate_hdd,
                 journal_quota,
+                plain,
             })
             .await
         }
@@ -548,6 +574,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
         Command::Scrub { name } => admin::scrub(&master, &name).await,
         Command::Snapshot(command) => snapshot::run(&master, command).await,
         Command::Placement(command) => placement::run(command),
+        Command::Cert(command) => cert::run(command),
         Command::Cluster(command) => cluster::cluster(&master, command).await,
         Command::Pg(command) => cluster::pg(&master, command).await,
         Command::Layer(command) => cluster::layer(&master, command).await,

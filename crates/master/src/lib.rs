@@ -20,6 +20,7 @@
 //! then applied in memory ([`Master::change`]); reads and heartbeats never wait for
 //! the store.
 
+mod access;
 mod chunks;
 mod clones;
 mod lease;
@@ -39,6 +40,7 @@ pub use membership::HEARTBEAT_TIMEOUT;
 
 use floe_metadata::{MetaError, MetaStore, Op};
 use floe_protocol::server::{self, Handler};
+use floe_protocol::tls::Role;
 use floe_protocol::{
     ConnectionPool, JournalUsage, MasterRequest, MasterResponse, PlacementMode, Request, Response,
     Status,
@@ -266,6 +268,10 @@ impl Master {
 }
 
 impl Handler for Master {
+    fn permits(&self, role: Role, request: &Request) -> Result<(), String> {
+        access::permits(role, request)
+    }
+
     async fn handle(self: Arc<Self>, request: Request) -> Response {
         match request {
             Request::Master(request) => match self.control(request).await {

@@ -9,6 +9,7 @@
 use crate::Master;
 use floe_metadata::Election;
 use floe_protocol::server::Handler;
+use floe_protocol::tls::Role;
 use floe_protocol::{Request, Response, Status};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -55,6 +56,10 @@ impl Gate {
 }
 
 impl Handler for Gate {
+    fn permits(&self, role: Role, request: &Request) -> Result<(), String> {
+        crate::access::permits(role, request)
+    }
+
     async fn handle(self: Arc<Self>, request: Request) -> Response {
         match self.master.get() {
             Some(master) => master.clone().handle(request).await,

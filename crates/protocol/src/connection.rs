@@ -10,7 +10,7 @@ use crate::PROTOCOL_VERSION;
 use bytes::BytesMut;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
@@ -47,8 +47,17 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Connects and performs the version handshake.
+    /// Connects and performs the version handshake, with TLS if this process runs
+    /// with it.
     pub async fn connect(address: &str) -> Result<Arc<Connection>, CallError> {
+        Connection::connect_with(address, crate::tls::installed()).await
+    }
+
+    /// [`Connection::connect`] as the holder of `tls` (plain TCP if `None`).
+    pub async fn connect_with(
+        address: &str,
+        tls: Option<&crate::tls::Tls>,
+    ) -> Result<Arc<Connection>, CallError> {
         let connect_error = |reason: String| CallError::Connect {
             address: address.to_string(),
             reason,
@@ -58,16 +67,22 @@ impl Connection {
             .map_err(|_| connect_error("timed out".into()))?
             .map_err(|e| connect_error(e.to_string()))?;
         stream.set_nodelay(true).ok();
-        let (read_half, write_half) = stream.into_split();
+        let (read_half, write_half) = crate::tls::connect(stream, tls)
+            .await
+            .map_err(|e| connect_error(format!("TLS handshake failed: {e}")))?;
         // Buffered so a burst of small replies costs one recv, not two per frame.
         let mut read_half = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
         let (outgoing, outgoing_rx) = mpsc::channel(IN_FLIGHT_MAX);
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
+        // Why the connection dropped: a TLS server refusing this process's certificate
+        // says so only in the alert that ends the first read.
+        let dropped: Arc<OnceLock<String>> = Arc::default();
         tokio::spawn(write_loop(write_half, outgoing_rx, closed.clone()));
         let reader_pending = pending.clone();
         let reader_closed = closed.clone();
         let peer = address.to_string();
+        let reader_dropped = dropped.clone();
         tokio::spawn(async move {
             let reason = loop {
                 match Frame::read(&mut read_half).await {
@@ -82,6 +97,7 @@ impl Connection {
             };
             if !matches!(reason, FrameError::Closed) {
                 tracing::warn!(%peer, "connection dropped: {reason}");
+                let _ = reader_dropped.set(reason.to_string());
             }
             // Order matters: callers check `closed` after registering, so setting it
             // before draining leaves no caller waiting forever.
@@ -106,7 +122,12 @@ impl Connection {
                 "unexpected handshake reply {other:?}"
             ))),
             Err(CallError::Remote { message, .. }) => Err(connect_error(message)),
-            Err(e) => Err(connect_error(e.to_string())),
+            Err(e) => Err(connect_error(match (dropped.get(), tls) {
+                (Some(reason), _) => reason.clone(),
+                // A TLS server closes a connection that does not start with TLS.
+                (None, None) => format!("{e} (if the cluster runs TLS, give --ca and --cert)"),
+                (None, Some(_)) => e.to_string(),
+            })),
         }
     }
 

@@ -44,6 +44,8 @@ pub enum Status {
     Ahead = 13,
     /// This master stands by: another leads (its address is the message, when known).
     NotLeader = 14,
+    /// The peer's certificate does not allow the request (its role).
+    Forbidden = 15,
 }
 
 impl Status {
@@ -63,6 +65,7 @@ impl Status {
             12 => Status::Corrupt,
             13 => Status::Ahead,
             14 => Status::NotLeader,
+            15 => Status::Forbidden,
             _ => Status::Io,
         }
     }

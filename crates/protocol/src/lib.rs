@@ -14,6 +14,8 @@
 //! - [`server`]: the accept loop and per-connection serving with the same batching.
 //! - [`masters`]: the master's addresses (one, or several of which one leads), and
 //!   calls that follow the leader.
+//! - [`tls`]: mutual TLS with the cluster CA's certificates, whose roles say what a
+//!   peer may ask.
 //! - [`transport`]: the seam under every inter-process call: TCP for real processes,
 //!   an in-process network for the simulator; [`ConnectionPool`] calls through it.
 //!
@@ -26,6 +28,7 @@ pub mod masters;
 pub mod message;
 pub mod server;
 pub mod snapshot;
+pub mod tls;
 pub mod transport;
 pub mod types;
 

@@ -8,17 +8,23 @@
 use crate::connection::{write_loop, IN_FLIGHT_MAX, READ_BUFFER_BYTES};
 use crate::frame::{Frame, FrameError, Status};
 use crate::message::{Request, Response};
+use crate::tls::{self, Halves, Identity, Role};
 use crate::PROTOCOL_VERSION;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use tokio::io::BufReader;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
 
 pub trait Handler: Send + Sync + 'static {
     /// Serves one request (never `Hello`, which the server answers itself).
     fn handle(self: Arc<Self>, request: Request) -> impl Future<Output = Response> + Send;
+
+    /// Whether a peer of `role` may ask `request` (asked only with TLS, where peers
+    /// have roles); `Err` says why not.
+    fn permits(&self, role: Role, request: &Request) -> Result<(), String>;
 }
 
 /// Accepts connections until the listener fails.
@@ -28,18 +34,45 @@ pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::i
         stream.set_nodelay(true).ok();
         let handler = handler.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve_connection(stream, handler).await {
+            let (halves, identity) = match tls::accept(stream).await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(%peer, "refused a connection: {e}");
+                    return;
+                }
+            };
+            let peer = Peer {
+                address: peer,
+                identity,
+            };
+            if let Err(e) = serve_connection(halves, &peer, handler).await {
                 tracing::warn!(%peer, "connection closed: {e}");
             }
         });
     }
 }
 
+/// The other end of a served connection.
+struct Peer {
+    address: SocketAddr,
+    /// From its certificate, with TLS.
+    identity: Option<Identity>,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.identity {
+            Some(identity) => write!(f, "{} ({identity})", self.address),
+            None => write!(f, "{}", self.address),
+        }
+    }
+}
+
 async fn serve_connection<H: Handler>(
-    stream: TcpStream,
+    (reader, writer): Halves,
+    peer: &Peer,
     handler: Arc<H>,
 ) -> Result<(), FrameError> {
-    let (reader, writer) = stream.into_split();
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let (replies, replies_rx) = mpsc::channel::<Frame>(IN_FLIGHT_MAX);
     tokio::spawn(write_loop(
@@ -90,6 +123,14 @@ async fn serve_connection<H: Handler>(
             let error = Response::error(Status::BadRequest, "expected Hello first");
             let _ = replies.send(error.encode(kind, request_id)).await;
             return Err(FrameError::Malformed("handshake"));
+        }
+        if let Some(identity) = &peer.identity {
+            if let Err(why) = handler.permits(identity.role, &request) {
+                tracing::warn!(%peer, "refused a request: {why}");
+                let error = Response::error(Status::Forbidden, why);
+                let _ = replies.send(error.encode(kind, request_id)).await;
+                continue;
+            }
         }
         let permit = in_flight
             .clone()

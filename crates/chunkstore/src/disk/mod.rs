@@ -114,6 +114,11 @@ pub(crate) fn read_exact_at(file: &dyn DiskFile, buf: &mut [u8], offset: u64) ->
 /// vanish in a power cut once a write is acknowledged. A few syncs per open.
 pub(crate) fn sync_dir_and_parents(disk: &dyn Disk, dir: &Path) -> io::Result<()> {
     for dir in dir.ancestors() {
+        // A relative path's last ancestor is empty: the working directory.
+        let dir = match dir.as_os_str().is_empty() {
+            true => Path::new("."),
+            false => dir,
+        };
         disk.sync_dir(dir)?;
     }
     Ok(())

@@ -23,13 +23,17 @@ pub struct DemoFile {
     pub master_pids: Vec<u32>,
     pub chunkserver_pids: Vec<u32>,
     pub gateway_pid: u32,
+    /// The cluster's certificates, when it runs TLS.
+    pub certs: Option<PathBuf>,
 }
 
 pub struct Cluster {
     pub dir: PathBuf,
     pub port: u16,
     pub metadata: Option<String>,
-    /// Extra `floe demo` arguments, kept for restarts.
+    /// Extra `floe demo` arguments, kept for restarts (`--plain` unless
+    /// [`Cluster::start_tls`]: tests that start processes of their own need no
+    /// certificates).
     args: Vec<String>,
     demo: Option<Child>,
     pub info: DemoFile,
@@ -129,13 +133,24 @@ impl Cluster {
         Cluster::start_with(dir, port, metadata, Vec::new())
     }
 
-    /// Starts a demo cluster with extra `floe demo` arguments.
+    /// Starts a demo cluster with extra `floe demo` arguments, plain TCP between its
+    /// processes.
     pub fn start_with(
         dir: &Path,
         port: u16,
         metadata: Option<String>,
-        args: Vec<String>,
+        mut args: Vec<String>,
     ) -> Cluster {
+        args.push("--plain".into());
+        Cluster::launch(dir, port, metadata, args)
+    }
+
+    /// Starts a demo cluster as a user would: TLS between its processes.
+    pub fn start_tls(dir: &Path) -> Cluster {
+        Cluster::launch(dir, free_ports(), None, Vec::new())
+    }
+
+    fn launch(dir: &Path, port: u16, metadata: Option<String>, args: Vec<String>) -> Cluster {
         let mut command = Command::new(FLOE);
         command
             .args(["demo", "--dir"])
@@ -194,7 +209,7 @@ impl Cluster {
     /// Stops the cluster and starts it again on the same directory and ports.
     pub fn restart(&mut self) {
         self.stop();
-        let again = Cluster::start_with(
+        let again = Cluster::launch(
             &self.dir,
             self.port,
             self.metadata.clone(),
@@ -207,7 +222,7 @@ impl Cluster {
     /// inspects the data directories in between).
     pub fn start_again(&mut self) {
         assert!(self.demo.is_none(), "cluster still running");
-        *self = Cluster::start_with(
+        *self = Cluster::launch(
             &self.dir,
             self.port,
             self.metadata.clone(),
@@ -301,11 +316,23 @@ impl Cluster {
         out
     }
 
-    /// Runs `floe ARGS` against this cluster's master; returns stdout.
+    /// Runs `floe ARGS` against this cluster's master, as its operator; returns
+    /// stdout.
     pub fn floe(&self, args: &[&str]) -> String {
-        let mut all = vec!["--master", &self.info.master];
-        all.extend_from_slice(args);
-        ok(Command::new(FLOE).args(&all))
+        ok(self.command_as("admin").args(args))
+    }
+
+    /// `floe --master M`, with the certificate of `name` (`admin`, `gateway`,
+    /// `chunkserver-0`, ...) when the cluster runs TLS.
+    pub fn command_as(&self, name: &str) -> Command {
+        let mut command = Command::new(FLOE);
+        command.args(["--master", &self.info.master]);
+        if let Some(certs) = &self.info.certs {
+            command
+                .env("FLOE_CA", certs.join("ca.pem"))
+                .env("FLOE_CERT", certs.join(format!("{name}.pem")));
+        }
+        command
     }
 }
 

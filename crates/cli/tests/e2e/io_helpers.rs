@@ -1,6 +1,6 @@
 //! Small helpers shared by the fio, ext4, etcd and bad-input tests.
 
-use crate::cluster::{ok, output, Cluster, FLOE};
+use crate::cluster::{ok, output, Cluster};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -24,11 +24,7 @@ pub fn qemu_io(uri: &str, commands: &[&str]) -> String {
 
 /// `floe --master M ARGS`, for commands that are expected to fail.
 pub fn floe_output(cluster: &Cluster, args: &[&str]) -> Output {
-    output(
-        Command::new(FLOE)
-            .args(["--master", &cluster.info.master])
-            .args(args),
-    )
+    output(cluster.command_as("admin").args(args))
 }
 
 /// Combined stdout and stderr, for messages.

@@ -26,6 +26,7 @@ mod scrub;
 mod snapshots;
 mod stale_reads;
 mod takeover;
+mod tls;
 mod write_back;
 mod write_modes;
 mod write_modes_ext4;

@@ -1,0 +1,291 @@
+//! Mutual TLS between Floe processes. Every certificate comes from the cluster's CA
+//! (`floe cert`); its subject's organizational unit is its holder's [`Role`], which
+//! says what the holder may ask (see [`crate::server::Handler::permits`]).
+//!
+//! A process installs its identity once, at start ([`install`]); from then on every
+//! connection it opens or accepts is TLS 1.3 with both certificates checked against
+//! the CA. A client does not match the server's certificate against the address it
+//! dialled: processes reach each other by whatever address the cluster map holds,
+//! and the CA signs only the cluster's own processes.
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use std::fmt;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+/// How long an accepted connection may take to finish its handshake.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+
+/// What a certificate's holder is to the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Master,
+    Chunkserver,
+    Gateway,
+    /// An operator: the CLI's volume, snapshot and cluster changes.
+    Admin,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Master, Role::Chunkserver, Role::Gateway, Role::Admin];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Master => "master",
+            Role::Chunkserver => "chunkserver",
+            Role::Gateway => "gateway",
+            Role::Admin => "admin",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Role, String> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.name() == name)
+            .ok_or_else(|| {
+                format!("unknown role {name:?} (one of master, chunkserver, gateway, admin)")
+            })
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Who is on the other end of a connection, from its certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub role: Role,
+    /// The certificate's common name.
+    pub name: String,
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.role, self.name)
+    }
+}
+
+impl Identity {
+    /// The identity a certificate names (its CN and OU).
+    pub fn of(certificate: &[u8]) -> Result<Identity, String> {
+        let (_, parsed) = x509_parser::parse_x509_certificate(certificate)
+            .map_err(|e| format!("unreadable certificate: {e}"))?;
+        fn text(value: &x509_parser::x509::AttributeTypeAndValue<'_>) -> Option<String> {
+            value.as_str().ok().map(str::to_string)
+        }
+        let subject = parsed.subject();
+        let role = subject
+            .iter_organizational_unit()
+            .find_map(text)
+            .ok_or("the certificate names no role (its subject has no OU)")?;
+        let name = subject
+            .iter_common_name()
+            .find_map(text)
+            .unwrap_or_default();
+        Ok(Identity {
+            role: Role::parse(&role)?,
+            name,
+        })
+    }
+}
+
+/// A process's TLS set-up: its certificate, and the CA it trusts.
+pub struct Tls {
+    pub identity: Identity,
+    pub client: Arc<rustls::ClientConfig>,
+    pub server: Arc<rustls::ServerConfig>,
+}
+
+static INSTALLED: OnceLock<Tls> = OnceLock::new();
+
+/// This process's TLS set-up, if it runs with TLS.
+pub fn installed() -> Option<&'static Tls> {
+    INSTALLED.get()
+}
+
+/// Loads the CA certificate at `ca` and this process's certificate and key (one PEM
+/// file, `cert`); every connection from here on is TLS. Once per process.
+pub fn install(ca: &Path, cert: &Path) -> Result<&'static Identity, String> {
+    let tls = Tls::load(ca, cert)?;
+    INSTALLED
+        .set(tls)
+        .map_err(|_| "TLS is already set up in this process".to_string())?;
+    Ok(&INSTALLED.get().expect("just set").identity)
+}
+
+impl Tls {
+    pub fn load(ca: &Path, cert: &Path) -> Result<Tls, String> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        let (ca_pem, cert_pem) = (read(ca)?, read(cert)?);
+        let mut roots = RootCertStore::empty();
+        for der in CertificateDer::pem_slice_iter(&ca_pem) {
+            let der = der.map_err(|e| format!("{}: {e}", ca.display()))?;
+            roots
+                .add(der)
+                .map_err(|e| format!("{}: not a CA certificate: {e}", ca.display()))?;
+        }
+        if roots.is_empty() {
+            return Err(format!("{} holds no certificate", ca.display()));
+        }
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}: {e}", cert.display()))?;
+        let first = chain
+            .first()
+            .ok_or_else(|| format!("{} holds no certificate", cert.display()))?;
+        let identity = Identity::of(first).map_err(|e| format!("{}: {e}", cert.display()))?;
+        let key = PrivateKeyDer::from_pem_slice(&cert_pem)
+            .map_err(|e| format!("{}: no private key: {e}", cert.display()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let roots = Arc::new(roots);
+        let tls13 = &[&rustls::version::TLS13];
+        let failed = |e: rustls::Error| format!("{}: {e}", cert.display());
+        let server_verifier =
+            WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+                .build()
+                .map_err(|e| e.to_string())?;
+        let client = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(tls13)
+            .map_err(failed)?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(ClusterCa(server_verifier)))
+            .with_client_auth_cert(chain.clone(), key.clone_key())
+            .map_err(failed)?;
+        let client_verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+            .build()
+            .map_err(|e| e.to_string())?;
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(tls13)
+            .map_err(failed)?
+            .with_client_cert_verifier(client_verifier)
+            .with_single_cert(chain, key)
+            .map_err(failed)?;
+        Ok(Tls {
+            identity,
+            client: Arc::new(client),
+            server: Arc::new(server),
+        })
+    }
+
+    /// The name a client hands rustls: unused by [`ClusterCa`], which checks the CA
+    /// and not the address.
+    pub fn server_name() -> ServerName<'static> {
+        ServerName::try_from("floe").expect("a valid DNS name")
+    }
+}
+
+/// The peer's identity on an established connection.
+pub fn peer_identity(connection: &rustls::CommonState) -> Result<Identity, String> {
+    let certificate = connection
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or("no certificate")?;
+    Identity::of(certificate)
+}
+
+/// Checks a server's certificate chains to the cluster CA, whatever address it was
+/// reached at.
+#[derive(Debug)]
+struct ClusterCa(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ClusterCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// The two halves of a connection, plain or TLS.
+pub(crate) type Halves = (
+    Box<dyn AsyncRead + Send + Unpin>,
+    Box<dyn AsyncWrite + Send + Unpin>,
+);
+
+fn halves<S: AsyncRead + AsyncWrite + Send + 'static>(stream: S) -> Halves {
+    let (read, write) = tokio::io::split(stream);
+    (Box::new(read), Box::new(write))
+}
+
+/// The client's side of a fresh connection: TLS as the holder of `tls`, if given.
+pub(crate) async fn connect(stream: TcpStream, tls: Option<&Tls>) -> std::io::Result<Halves> {
+    let Some(tls) = tls else {
+        let (read, write) = stream.into_split();
+        return Ok((Box::new(read), Box::new(write)));
+    };
+    let stream = tokio_rustls::TlsConnector::from(tls.client.clone())
+        .connect(Tls::server_name(), stream)
+        .await?;
+    Ok(halves(stream))
+}
+
+/// The server's side of an accepted connection, with the client's identity when
+/// this process runs with TLS (a client without a certificate from the CA fails).
+pub(crate) async fn accept(stream: TcpStream) -> Result<(Halves, Option<Identity>), String> {
+    let Some(tls) = installed() else {
+        let (read, write) = stream.into_split();
+        return Ok(((Box::new(read), Box::new(write)), None));
+    };
+    let accepting = tokio_rustls::TlsAcceptor::from(tls.server.clone()).accept(stream);
+    let stream = tokio::time::timeout(HANDSHAKE_LIMIT, accepting)
+        .await
+        .map_err(|_| format!("no TLS handshake within {HANDSHAKE_LIMIT:?}"))?
+        .map_err(
+            |e| match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                Some(rustls::Error::InvalidMessage(_)) => {
+                    "it does not speak TLS (a process without --ca and --cert?)".to_string()
+                }
+                _ => format!("TLS handshake failed: {e}"),
+            },
+        )?;
+    let identity = peer_identity(stream.get_ref().1)?;
+    Ok((halves(stream), Some(identity)))
+}
