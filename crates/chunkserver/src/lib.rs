@@ -804,9 +804,15 @@ impl ChunkServer {
 impl Handler for ChunkServer {
     /// Every process of the cluster reads and writes replicas: gateways, peers
     /// repairing, the master's recovery, the CLI's flatten and diff. A stranger has
-    /// no certificate from the CA and never gets this far.
-    fn permits(&self, _: Role, _: &Request) -> Result<(), String> {
-        Ok(())
+    /// no certificate from the CA and never gets this far; an NBD client's goes
+    /// through a gateway.
+    fn permits(&self, role: Role, _: &Request) -> Result<(), String> {
+        match role {
+            Role::Client => {
+                Err("an NBD client's certificate reaches volumes through a gateway".into())
+            }
+            _ => Ok(()),
+        }
     }
 
     async fn handle(self: Arc<Self>, request: Request) -> Response {

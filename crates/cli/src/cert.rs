@@ -3,7 +3,8 @@
 //!
 //! `DIR/ca.pem` is the CA's certificate, which every process trusts; `DIR/ca.key`
 //! signs new certificates and stays with the operator. `DIR/NAME.pem` holds one
-//! holder's certificate and its key.
+//! holder's certificate and its key; an NBD client's are also laid out in `DIR/NAME/`
+//! as QEMU's `tls-creds-x509` and libnbd's `tls-certificates` read them.
 
 use clap::Subcommand;
 use floe_protocol::tls::Role;
@@ -37,7 +38,8 @@ pub enum CertCommand {
         dir: PathBuf,
         /// Name of the holder (the certificate's common name), e.g. gateway-1.
         name: String,
-        /// What the holder may do: master, chunkserver, gateway or admin.
+        /// What the holder may do: master, chunkserver, gateway, admin, or client (an
+        /// NBD client: also writes DIR/NAME/ for QEMU and libnbd).
         #[arg(long, value_parser = Role::parse)]
         role: Role,
         /// Host names and addresses the holder serves at, checked by NBD clients
@@ -138,6 +140,18 @@ pub fn issue(
     let certificate = params.signed_by(&key, &issuer).map_err(|e| e.to_string())?;
     let path = dir.join(format!("{name}.pem"));
     write_new(&path, &(certificate.pem() + &key.serialize_pem()), PRIVATE)?;
+    if role == Role::Client {
+        let client = dir.join(name);
+        std::fs::create_dir_all(&client)
+            .map_err(|e| format!("cannot create {}: {e}", client.display()))?;
+        write_new(&client.join("ca-cert.pem"), &read("ca.pem")?, 0o644)?;
+        write_new(&client.join("client-cert.pem"), &certificate.pem(), 0o644)?;
+        write_new(
+            &client.join("client-key.pem"),
+            &key.serialize_pem(),
+            PRIVATE,
+        )?;
+    }
     Ok(path)
 }
 

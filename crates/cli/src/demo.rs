@@ -45,6 +45,8 @@ const CHUNK_SERVERS: [(&str, &str); 6] = [
 ];
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The demo's NBD client certificate (`DIR/certs/client/` for QEMU and libnbd).
+const NBD_CLIENT: &str = "client";
 /// Validity of the demo's certificates, in days.
 const CERT_DAYS: i64 = 3650;
 
@@ -80,6 +82,7 @@ impl Credentials {
         let others = [
             ("gateway".to_string(), Role::Gateway),
             ("admin".to_string(), Role::Admin),
+            (NBD_CLIENT.to_string(), Role::Client),
         ];
         let hosts = ["localhost".to_string(), "127.0.0.1".to_string()];
         for (name, role) in masters.into_iter().chain(chunkservers).chain(others) {
@@ -472,10 +475,16 @@ async fn start(
     println!("ready: {uri}");
     println!("  try: nbdinfo {uri}");
     match credentials {
-        Some(c) => println!(
-            "  TLS between the processes; certificates in {}",
-            c.dir.display()
-        ),
+        Some(c) => {
+            println!(
+                "  over TLS: nbds://{nbd_address}/demo?tls-certificates={}",
+                c.dir.join(NBD_CLIENT).display()
+            );
+            println!(
+                "  TLS between the processes; certificates in {}",
+                c.dir.display()
+            );
+        }
         None => println!("  plain TCP between the processes (--plain)"),
     }
     println!(

@@ -145,6 +145,15 @@ enum Command {
         /// volume, e.g. 2s; reads never go back in time.
         #[arg(long, requires = "read_only", value_parser = humantime::parse_duration)]
         staleness: Option<std::time::Duration>,
+        /// Who may open which volume over NBD: lines `IDENTITY VOLUME rw|ro`, IDENTITY
+        /// a client certificate's name or `*`, VOLUME a name or `*`; first match
+        /// decides, no match is refused. Default: anyone the transport lets in.
+        #[arg(long)]
+        nbd_access: Option<PathBuf>,
+        /// Serve plain NBD to clients not on loopback too (with --ca and --cert they
+        /// are otherwise made to start TLS; without, refused).
+        #[arg(long)]
+        nbd_allow_plain: bool,
     },
     /// Manage volumes.
     #[command(subcommand)]
@@ -308,7 +317,9 @@ fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // rustls warns of every client that sends an IP address as SNI
+                // (QEMU and libnbd do): not news to an operator.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rustls=error")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -517,12 +528,19 @@ async fn execute(cli: Cli) -> Result<(), String> {
             read_only,
             unretired_limit,
             staleness,
+            nbd_access,
+            nbd_allow_plain,
         } => {
+            let access = nbd_access
+                .map(|path| floe_gateway::AccessList::load(&path))
+                .transpose()?;
             let listener = bind(&listen).await?;
             let options = floe_gateway::Options {
                 read_only,
                 unretired_limit,
                 staleness,
+                access,
+                allow_plain: nbd_allow_plain,
             };
             floe_gateway::run(listener, &cli.master, options, stop_signal()).await;
             Ok(())

@@ -1,16 +1,20 @@
 //! The gateway: exports Floe volumes over NBD. Each export name is a volume name
 //! (or one of its read-only forms, see `export_name`); a volume opened by several
 //! NBD connections at once is one shared client stack, so every connection sees the
-//! same chunk allocations.
+//! same chunk allocations. With TLS, NBD clients may start TLS (and must, unless on
+//! loopback or plain NBD is allowed), and an access list says who opens what.
 
+mod access;
 mod export_name;
 
+pub use access::AccessList;
 use export_name::ExportName;
 
 use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use floe_client::master::MasterClient;
-use floe_nbd::Exports;
+use floe_nbd::{Client, Exports, Refusal, Security};
+use floe_protocol::tls::Identity;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use tokio::net::TcpListener;
@@ -24,8 +28,36 @@ struct VolumeExports {
     unretired_limit: u64,
     /// Stale reads' bound (read-only gateways).
     staleness: Option<std::time::Duration>,
-    /// Open volumes; held weakly so a volume closes with its last connection.
-    open: Mutex<BTreeMap<String, Weak<dyn BlockDevice>>>,
+    /// Who may open what; `None`: anyone the transport lets in, writable.
+    access: Option<AccessList>,
+    /// Open exports (name, writable); held weakly so a volume closes with its last
+    /// connection.
+    open: Mutex<BTreeMap<(String, bool), Weak<dyn BlockDevice>>>,
+}
+
+impl VolumeExports {
+    /// Whether `client` may open `export`, and writable; `Err` says why not.
+    fn grant(&self, export: &ExportName<'_>, client: &Client) -> Result<bool, Refusal> {
+        let Some(access) = &self.access else {
+            return Ok(true);
+        };
+        let identity = match &client.certificate {
+            Some(certificate) => Some(Identity::of(certificate)?.name),
+            None => None,
+        };
+        let who = match &identity {
+            Some(name) => format!("client {name}"),
+            None => "a client without a certificate".to_string(),
+        };
+        access
+            .grant(identity.as_deref(), export.volume())
+            .ok_or_else(|| {
+                Refusal::Denied(format!(
+                    "{who} may not open {} (the gateway's access list)",
+                    export.volume()
+                ))
+            })
+    }
 }
 
 #[async_trait]
@@ -68,13 +100,16 @@ impl Exports for VolumeExports {
         }
     }
 
-    async fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    async fn open(&self, name: &str, client: &Client) -> Result<Arc<dyn BlockDevice>, Refusal> {
+        let export = ExportName::parse(name)?;
+        let writable = self.grant(&export, client)?;
+        let key = (name.to_string(), writable);
         // Held across the master call so two connections opening at once share a stack.
         let mut open = self.open.lock().await;
-        if let Some(device) = open.get(name).and_then(Weak::upgrade) {
+        if let Some(device) = open.get(&key).and_then(Weak::upgrade) {
             return Ok(device);
         }
-        let device = match ExportName::parse(name)? {
+        let device = match export {
             ExportName::Snapshot { volume, snapshot } => {
                 tracing::info!(volume, snapshot, "opening a snapshot");
                 floe_client::open_snapshot(self.master.clone(), volume, snapshot).await?
@@ -85,7 +120,8 @@ impl Exports for VolumeExports {
                 floe_client::open_volume(self.master.clone(), volume, access).await?
             }
             ExportName::Volume(volume) => {
-                let access = match &self.holder {
+                let holder = self.holder.as_ref().filter(|_| writable);
+                let access = match holder {
                     Some(holder) => floe_client::Access::Write {
                         holder,
                         unretired_limit: self.unretired_limit,
@@ -100,7 +136,7 @@ impl Exports for VolumeExports {
             }
         };
         open.retain(|_, d| d.strong_count() > 0);
-        open.insert(name.to_string(), Arc::downgrade(&device));
+        open.insert(key, Arc::downgrade(&device));
         Ok(device)
     }
 }
@@ -119,6 +155,11 @@ pub struct Options {
     /// Read-only exports read each chunk from the replica of least cost, at most this
     /// far behind the volume (stale reads); `None`: as a writer would.
     pub staleness: Option<std::time::Duration>,
+    /// Who may open which volume over NBD; `None`: anyone the transport lets in.
+    pub access: Option<AccessList>,
+    /// Serve plain NBD to clients not on loopback (TLS is offered to all when the
+    /// gateway has a certificate).
+    pub allow_plain: bool,
 }
 
 /// Serves NBD on `listener` for volumes of the master at `master` until `shutdown`.
@@ -134,6 +175,8 @@ pub async fn run(
         read_only,
         unretired_limit,
         staleness,
+        access,
+        allow_plain,
     } = options;
     let address = listener
         .local_addr()
@@ -144,10 +187,16 @@ pub async fn run(
         holder: (!read_only).then(|| format!("gateway {address} (pid {})", std::process::id())),
         unretired_limit,
         staleness,
+        access,
         open: Mutex::default(),
     });
-    tracing::info!(%address, master, read_only, ?staleness, "gateway serving NBD");
-    floe_nbd::serve(listener, exports, shutdown).await;
+    let security = Security {
+        tls: floe_protocol::tls::installed().map(|tls| tls.nbd.clone()),
+        allow_plain,
+    };
+    let tls = security.tls.is_some();
+    tracing::info!(%address, master, read_only, ?staleness, tls, allow_plain, "gateway serving NBD");
+    floe_nbd::serve(listener, exports, security, shutdown).await;
     // Writes acknowledged early (flush-epoch and log-commit volumes) reach the
     // replicas first.
     floe_client::draining::drained().await;

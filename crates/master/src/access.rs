@@ -1,6 +1,6 @@
 //! Which peer may ask the master what, by its certificate's role (with TLS): an
 //! operator changes volumes and the cluster, a gateway writes volumes, a chunk server
-//! reports in; anyone of the cluster may look.
+//! reports in; any process of the cluster may look; an NBD client asks nothing.
 
 use floe_protocol::tls::Role;
 use floe_protocol::{MasterRequest, Request};
@@ -14,7 +14,7 @@ pub(crate) fn permits(role: Role, request: &Request) -> Result<(), String> {
         return Ok(());
     };
     let allowed: &[Role] = match request {
-        R::ListVolumes | R::GetVolumeMap { .. } | R::GetClusterMap | R::Status => &Role::ALL,
+        R::ListVolumes | R::GetVolumeMap { .. } | R::GetClusterMap | R::Status => &Role::CLUSTER,
         R::Register(_) | R::Heartbeat { .. } => &[Chunkserver],
         R::AcquireLease { .. }
         | R::RenewLease { .. }

@@ -4,7 +4,8 @@
 use crate::input::Input;
 use crate::proto::*;
 use crate::reply::truncate;
-use crate::Exports;
+use crate::security::Transport;
+use crate::{Client, Exports, Refusal};
 use bytes::{Buf, BufMut, BytesMut};
 use floe_blockdev::BlockDevice;
 use std::io;
@@ -55,9 +56,21 @@ fn violation(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
 
-/// Option haggling state.
+/// How option haggling ended.
+pub(crate) enum Negotiated {
+    /// The client picked an export.
+    Session(Session),
+    /// The client asked for TLS and was told yes: the caller starts TLS on the socket
+    /// and haggles again over it.
+    StartTls,
+    /// The client aborted or left.
+    Left,
+}
+
+/// Option haggling state: forgotten at STARTTLS (what was said in the clear does not
+/// count), except the client's flags.
 #[derive(Default)]
-struct Haggle {
+pub(crate) struct Haggle {
     no_zeroes: bool,
     structured: bool,
     /// The export meta contexts were last selected for.
@@ -66,14 +79,9 @@ struct Haggle {
     contexts: Vec<Context>,
 }
 
-/// Greets the client and answers options until it picks an export (`Some`) or aborts
-/// (`None`). Errors are protocol violations or I/O failures; the caller drops the
-/// connection.
-pub(crate) async fn negotiate<R, W>(
-    input: &mut Input<R>,
-    out: &mut W,
-    exports: &dyn Exports,
-) -> io::Result<Option<Session>>
+/// Greets the client and reads its flags; `None` if it left. Errors are protocol
+/// violations or I/O failures; the caller drops the connection.
+pub(crate) async fn greet<R, W>(input: &mut Input<R>, out: &mut W) -> io::Result<Option<Haggle>>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -91,14 +99,28 @@ where
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return Err(violation(format!("unknown client flags {client_flags:#x}")));
     }
-    let mut state = Haggle {
+    Ok(Some(Haggle {
         no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
         ..Haggle::default()
-    };
+    }))
+}
 
+/// Answers options until the client picks an export, starts TLS or leaves.
+pub(crate) async fn negotiate<R, W>(
+    input: &mut Input<R>,
+    out: &mut W,
+    exports: &dyn Exports,
+    state: &mut Haggle,
+    transport: &Transport,
+    client: &Client,
+) -> io::Result<Negotiated>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     loop {
         let Some(mut head) = input.message(16).await? else {
-            return Ok(None);
+            return Ok(Negotiated::Left);
         };
         let magic = head.get_u64();
         let option = head.get_u32();
@@ -111,12 +133,57 @@ where
         }
         let data = input.take(len as usize).await?;
         let mut replies = BytesMut::new();
+        let refusal = transport.refusal();
         let session = match option {
+            OPT_STARTTLS => {
+                match (&transport.tls, transport.secured, data.is_empty()) {
+                    (_, _, false) => error_reply(
+                        &mut replies,
+                        option,
+                        REP_ERR_INVALID,
+                        "unexpected option data",
+                    ),
+                    (_, true, _) => {
+                        error_reply(&mut replies, option, REP_ERR_INVALID, "TLS is already on")
+                    }
+                    (None, false, _) => error_reply(
+                        &mut replies,
+                        option,
+                        REP_ERR_POLICY,
+                        "this server has no certificate for TLS",
+                    ),
+                    (Some(_), false, _) => {
+                        option_reply(&mut replies, option, REP_ACK, &[]);
+                        out.write_all(&replies).await?;
+                        out.flush().await?;
+                        return Ok(Negotiated::StartTls);
+                    }
+                }
+                None
+            }
+            OPT_ABORT => {
+                option_reply(&mut replies, option, REP_ACK, &[]);
+                // The client may already be gone; it is leaving either way.
+                let _ = out.write_all(&replies).await;
+                return Ok(Negotiated::Left);
+            }
+            OPT_EXPORT_NAME if refusal.is_some() => {
+                // This option cannot carry an error back: refusing means hanging up.
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    refusal.unwrap_or_default(),
+                ));
+            }
+            _ if refusal.is_some() => {
+                let why = refusal.unwrap_or_default();
+                error_reply(&mut replies, option, REP_ERR_TLS_REQD, why);
+                None
+            }
             OPT_EXPORT_NAME => {
                 let name = String::from_utf8(data.to_vec())
                     .map_err(|_| violation("export name is not UTF-8".into()))?;
                 // This option cannot carry an error back: refusing means hanging up.
-                let device = exports.open(&name).await.map_err(|e| {
+                let device = exports.open(&name, client).await.map_err(|e| {
                     io::Error::new(io::ErrorKind::NotFound, format!("export {name:?}: {e}"))
                 })?;
                 replies.put_u64(device.size());
@@ -126,17 +193,11 @@ where
                 }
                 Some(state.session(name, device))
             }
-            OPT_ABORT => {
-                option_reply(&mut replies, option, REP_ACK, &[]);
-                // The client may already be gone; it is leaving either way.
-                let _ = out.write_all(&replies).await;
-                return Ok(None);
-            }
             OPT_LIST => {
                 list(&mut replies, &data, exports).await;
                 None
             }
-            OPT_INFO | OPT_GO => info(&mut replies, option, &data, &state, exports)
+            OPT_INFO | OPT_GO => info(&mut replies, option, &data, state, exports, client)
                 .await
                 .filter(|_| option == OPT_GO)
                 .map(|(name, device)| state.session(name, device)),
@@ -155,7 +216,7 @@ where
                 None
             }
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                meta_context(&mut replies, option, &data, &mut state, exports).await;
+                meta_context(&mut replies, option, &data, state, exports).await;
                 None
             }
             _ => {
@@ -164,13 +225,21 @@ where
             }
         };
         out.write_all(&replies).await?;
-        if session.is_some() {
-            return Ok(session);
+        if let Some(session) = session {
+            return Ok(Negotiated::Session(session));
         }
     }
 }
 
 impl Haggle {
+    /// What survives STARTTLS: the client's flags.
+    pub(crate) fn forget(&mut self) {
+        *self = Haggle {
+            no_zeroes: self.no_zeroes,
+            ..Haggle::default()
+        };
+    }
+
     fn session(&self, name: String, device: Arc<dyn BlockDevice>) -> Session {
         let selected = self.meta_export.as_deref() == Some(name.as_str());
         Session {
@@ -225,15 +294,20 @@ async fn info(
     data: &[u8],
     state: &Haggle,
     exports: &dyn Exports,
+    client: &Client,
 ) -> Option<(String, Arc<dyn BlockDevice>)> {
     let Some((name, requests)) = parse_info_request(data) else {
         error_reply(out, option, REP_ERR_INVALID, "malformed info request");
         return None;
     };
-    let device = match exports.open(&name).await {
+    let device = match exports.open(&name, client).await {
         Ok(device) => device,
-        Err(e) => {
+        Err(Refusal::Unknown(e)) => {
             error_reply(out, option, REP_ERR_UNKNOWN, &e);
+            return None;
+        }
+        Err(Refusal::Denied(e)) => {
+            error_reply(out, option, REP_ERR_POLICY, &e);
             return None;
         }
     };

@@ -52,6 +52,26 @@ impl<R: AsyncRead + Unpin> Input<R> {
         Ok(())
     }
 
+    /// The same input over `socket` made into another type, keeping what is buffered.
+    pub(crate) fn map<S>(self, socket: impl FnOnce(R) -> S) -> Input<S> {
+        Input {
+            socket: socket(self.socket),
+            buf: self.buf,
+        }
+    }
+
+    /// The socket, for TLS to take over: nothing may be buffered (a client sends
+    /// nothing after STARTTLS until it has the server's answer).
+    pub(crate) fn into_inner(self) -> io::Result<R> {
+        if !self.buf.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the client sent data after STARTTLS before its answer",
+            ));
+        }
+        Ok(self.socket)
+    }
+
     /// Reads until `n` bytes are buffered; `false` if the peer closed first.
     async fn fill_at_least(&mut self, n: usize) -> io::Result<bool> {
         if self.buf.len() < n {

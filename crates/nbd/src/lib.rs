@@ -5,7 +5,9 @@
 //! - `server`: the accept loop ([`serve`]), one task per client, graceful shutdown.
 //! - `handshake`: fixed newstyle greeting and option haggling (EXPORT_NAME, ABORT,
 //!   LIST, INFO, GO, STRUCTURED_REPLY, LIST/SET_META_CONTEXT for `base:allocation`
-//!   and the contexts [`Exports::meta_context`] offers).
+//!   and the contexts [`Exports::meta_context`] offers, STARTTLS).
+//! - `security`: what a connection must do before it may haggle: TLS, required of
+//!   clients not on loopback unless plain NBD is allowed ([`Security`]).
 //! - `transmission`: the request loop, with bounded requests and bytes in flight.
 //! - `command`: request header parsing, validation and execution on the device.
 //! - `reply`: simple and structured reply encoding into vectored-write segments.
@@ -17,6 +19,7 @@ mod handshake;
 mod input;
 mod proto;
 mod reply;
+mod security;
 mod server;
 mod transmission;
 mod writer;
@@ -25,16 +28,49 @@ use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use std::sync::Arc;
 
+pub use security::Security;
 pub use server::serve;
+
+/// Why an export was not opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such export, or it cannot be opened now (NBD_REP_ERR_UNKNOWN).
+    Unknown(String),
+    /// This client may not open it (NBD_REP_ERR_POLICY).
+    Denied(String),
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Refusal {
+        Refusal::Unknown(message)
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Unknown(message) | Refusal::Denied(message) => f.write_str(message),
+        }
+    }
+}
+
+/// The client opening an export, as far as the server knows it.
+#[derive(Debug, Clone, Default)]
+pub struct Client {
+    /// The certificate it presented over TLS (DER), if any.
+    pub certificate: Option<Vec<u8>>,
+    /// Whether the connection is TLS.
+    pub tls: bool,
+}
 
 /// Where the server finds its exports; the gateway implements it over the master.
 #[async_trait]
 pub trait Exports: Send + Sync + 'static {
     /// Names for NBD_OPT_LIST.
     async fn list(&self) -> Result<Vec<String>, String>;
-    /// Opens an export by name; `Err` carries a one-line message sent to the client
-    /// with NBD_REP_ERR_UNKNOWN.
-    async fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String>;
+    /// Opens an export by name for `client`; the refusal's one-line message goes to
+    /// the client.
+    async fn open(&self, name: &str, client: &Client) -> Result<Arc<dyn BlockDevice>, Refusal>;
     /// A meta context of `export` besides `base:allocation` (e.g. the gateway's
     /// `floe:changed-since:SNAPSHOT`): the ranges (offset, length) where its state is
     /// 1, as of when the client selects it; `None` if there is no such context.

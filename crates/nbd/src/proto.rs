@@ -29,6 +29,7 @@ pub(crate) const FLAG_SEND_CACHE: u16 = 1 << 10;
 pub(crate) const OPT_EXPORT_NAME: u32 = 1;
 pub(crate) const OPT_ABORT: u32 = 2;
 pub(crate) const OPT_LIST: u32 = 3;
+pub(crate) const OPT_STARTTLS: u32 = 5;
 pub(crate) const OPT_INFO: u32 = 6;
 pub(crate) const OPT_GO: u32 = 7;
 pub(crate) const OPT_STRUCTURED_REPLY: u32 = 8;
@@ -43,6 +44,7 @@ pub(crate) const REP_META_CONTEXT: u32 = 4;
 pub(crate) const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 pub(crate) const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 pub(crate) const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+pub(crate) const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 pub(crate) const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
 
 // NBD_REP_INFO types.

@@ -32,10 +32,21 @@ pub enum Role {
     Gateway,
     /// An operator: the CLI's volume, snapshot and cluster changes.
     Admin,
+    /// An NBD client of the gateways (a VM's host); no process of the cluster
+    /// serves it anything else.
+    Client,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Master, Role::Chunkserver, Role::Gateway, Role::Admin];
+    pub const ALL: [Role; 5] = [
+        Role::Master,
+        Role::Chunkserver,
+        Role::Gateway,
+        Role::Admin,
+        Role::Client,
+    ];
+    /// The roles of the cluster's own processes and operators.
+    pub const CLUSTER: [Role; 4] = [Role::Master, Role::Chunkserver, Role::Gateway, Role::Admin];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -43,6 +54,7 @@ impl Role {
             Role::Chunkserver => "chunkserver",
             Role::Gateway => "gateway",
             Role::Admin => "admin",
+            Role::Client => "client",
         }
     }
 
@@ -51,7 +63,9 @@ impl Role {
             .into_iter()
             .find(|r| r.name() == name)
             .ok_or_else(|| {
-                format!("unknown role {name:?} (one of master, chunkserver, gateway, admin)")
+                format!(
+                    "unknown role {name:?} (one of master, chunkserver, gateway, admin, client)"
+                )
             })
     }
 }
@@ -105,6 +119,9 @@ pub struct Tls {
     pub identity: Identity,
     pub client: Arc<rustls::ClientConfig>,
     pub server: Arc<rustls::ServerConfig>,
+    /// For NBD clients (a gateway's STARTTLS): TLS 1.2 or 1.3, a certificate from
+    /// the CA optional (an export's access list may ask for one).
+    pub nbd: Arc<rustls::ServerConfig>,
 }
 
 static INSTALLED: OnceLock<Tls> = OnceLock::new();
@@ -164,19 +181,31 @@ impl Tls {
             .with_custom_certificate_verifier(Arc::new(ClusterCa(server_verifier)))
             .with_client_auth_cert(chain.clone(), key.clone_key())
             .map_err(failed)?;
-        let client_verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-            .build()
-            .map_err(|e| e.to_string())?;
-        let server = rustls::ServerConfig::builder_with_provider(provider)
+        let client_verifier =
+            WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+                .build()
+                .map_err(|e| e.to_string())?;
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(tls13)
             .map_err(failed)?
             .with_client_cert_verifier(client_verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(failed)?;
+        let nbd_verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let nbd = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(failed)?
+            .with_client_cert_verifier(nbd_verifier)
             .with_single_cert(chain, key)
             .map_err(failed)?;
         Ok(Tls {
             identity,
             client: Arc::new(client),
             server: Arc::new(server),
+            nbd: Arc::new(nbd),
         })
     }
 

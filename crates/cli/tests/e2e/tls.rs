@@ -175,3 +175,131 @@ fn read_back(cluster: &Cluster, path: &Path, bytes: u64) {
     let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     file.set_len(bytes).unwrap();
 }
+
+/// A gateway of the test's own (a TLS cluster's certificate), with an access list.
+struct Gateway {
+    child: std::process::Child,
+    address: String,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn gateway_with_access(cluster: &Cluster, rules: &str, work: &Path) -> Gateway {
+    let access = work.join("access");
+    std::fs::write(&access, rules).unwrap();
+    let address = format!("127.0.0.1:{}", crate::cluster::free_ports());
+    let log = std::fs::File::create(work.join("gateway.log")).unwrap();
+    let child = cluster
+        .command_as("gateway")
+        .args(["gateway", "--listen", &address, "--nbd-access"])
+        .arg(&access)
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    crate::io_helpers::wait_until(
+        "the gateway listens",
+        std::time::Duration::from_secs(30),
+        || std::net::TcpStream::connect(&address).is_ok(),
+    );
+    Gateway { child, address }
+}
+
+#[test]
+fn nbd_over_tls_with_client_certificates_and_an_access_list() {
+    let dir = TestDir::new();
+    let cluster = Cluster::start_tls(dir.path());
+    let certs = cluster.info.certs.clone().expect("the demo runs TLS");
+    let client = certs.join("client");
+    let work = TestDir::new();
+    let nbd = cluster
+        .uri()
+        .trim_start_matches("nbd://")
+        .trim_end_matches("/demo")
+        .to_string();
+    let nbds = |address: &str, export: &str| {
+        format!(
+            "nbds://{address}/{export}?tls-certificates={}",
+            client.display()
+        )
+    };
+
+    // libnbd over TLS with the demo's client certificate: write, read back.
+    let image = work.path().join("random.img");
+    random_file(&image, 8 << 20);
+    ok(Command::new("nbdcopy").arg(&image).arg(nbds(&nbd, "demo")));
+    let info = ok(Command::new("nbdinfo").arg(nbds(&nbd, "demo")));
+    assert!(info.contains("with TLS"), "{info}");
+    let back = work.path().join("back.img");
+    ok(Command::new("nbdcopy").arg(nbds(&nbd, "demo")).arg(&back));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&back)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    compare(&image, &back);
+
+    // QEMU's tls-creds-x509 reads the same directory.
+    let (host, port) = nbd.split_once(':').unwrap();
+    let qemu = ok(Command::new("qemu-img")
+        .args(["info", "--object"])
+        .arg(format!("tls-creds-x509,id=tls0,dir={},endpoint=client", client.display()))
+        .args(["--image-opts"])
+        .arg(format!(
+            "driver=nbd,server.type=inet,server.host={host},server.port={port},export=demo,tls-creds=tls0"
+        )));
+    assert!(qemu.contains("1 GiB"), "{qemu}");
+
+    // A client certificate is not a key to the cluster's own processes.
+    let refused = call_as(
+        Some(&load(&certs, "client")),
+        &cluster.info.master,
+        Request::Master(MasterRequest::ListVolumes),
+    );
+    assert!(
+        refused.as_ref().is_err_and(|e| e.starts_with("forbidden")),
+        "{refused:?}"
+    );
+
+    // The access list: the client certificate reads demo but may not write it;
+    // anyone writes spare; no one else opens demo.
+    cluster.floe(&["volume", "create", "spare", "--size", "64M"]);
+    let gateway = gateway_with_access(&cluster, "client demo ro\n* spare rw\n", work.path());
+    let read = ok(Command::new("nbdinfo").arg(nbds(&gateway.address, "demo")));
+    assert!(read.contains("export-size: 1073741824"), "{read}");
+    let write = output(
+        Command::new("nbdcopy")
+            .arg(&image)
+            .arg(nbds(&gateway.address, "demo")),
+    );
+    assert!(!write.status.success(), "a read-only grant wrote");
+    ok(Command::new("nbdcopy")
+        .arg(&image)
+        .arg(format!("nbd://{}/spare", gateway.address)));
+    let stranger = output(Command::new("nbdinfo").arg(format!("nbd://{}/demo", gateway.address)));
+    assert!(!stranger.status.success());
+    // libnbd names only the kind of refusal (NBD_REP_ERR_POLICY); QEMU its text.
+    let qemu =
+        output(Command::new("qemu-img").args(["info", &format!("nbd://{}/demo", gateway.address)]));
+    let said = text(&qemu);
+    assert!(
+        said.contains("a client without a certificate may not open demo"),
+        "{said}"
+    );
+    let copied = work.path().join("through-acl.img");
+    ok(Command::new("nbdcopy")
+        .arg(nbds(&gateway.address, "demo"))
+        .arg(&copied));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&copied)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    compare(&image, &copied);
+}

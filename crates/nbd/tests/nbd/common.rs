@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use floe_blockdev::{BlockDevice, Extent, IoError, MemoryDevice};
-use floe_nbd::Exports;
+use floe_nbd::{Client, Exports, Refusal, Security};
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -80,11 +80,11 @@ impl Exports for TestExports {
     async fn list(&self) -> Result<Vec<String>, String> {
         Ok(self.0.keys().cloned().collect())
     }
-    async fn open(&self, name: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    async fn open(&self, name: &str, _: &Client) -> Result<Arc<dyn BlockDevice>, Refusal> {
         self.0
             .get(name)
             .cloned()
-            .ok_or_else(|| format!("no volume named {name:?} here"))
+            .ok_or_else(|| Refusal::Unknown(format!("no volume named {name:?} here")))
     }
 }
 
@@ -128,6 +128,7 @@ impl Server {
         let served = runtime.spawn(floe_nbd::serve(
             listener,
             Arc::new(TestExports(exports)),
+            Security::default(),
             stopped,
         ));
         Server {
