@@ -37,6 +37,10 @@ struct Cli {
     /// This process's certificate and key, one PEM file from `floe cert issue`.
     #[arg(long, global = true, env = "FLOE_CERT", requires = "ca")]
     cert: Option<PathBuf>,
+    /// Serve the cluster protocol without TLS on addresses other than loopback
+    /// (refused otherwise: anyone who reaches them could read and write any volume).
+    #[arg(long, global = true)]
+    insecure: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -373,6 +377,21 @@ async fn bind(address: &str) -> Result<tokio::net::TcpListener, String> {
     }
 }
 
+/// A master or chunk server in the clear serves loopback only, unless `allowed`.
+fn refuse_plain_beyond_loopback(listen: &str, allowed: bool) -> Result<(), String> {
+    use std::net::ToSocketAddrs;
+    let loopback = listen
+        .to_socket_addrs()
+        .is_ok_and(|mut addresses| addresses.all(|a| a.ip().is_loopback()));
+    if allowed || loopback {
+        return Ok(());
+    }
+    Err(format!(
+        "refusing to serve {listen} without TLS: anyone who reaches it could read and write \
+         every volume; give --ca and --cert (see `floe cert`), or --insecure"
+    ))
+}
+
 /// SIGTERM or SIGINT: lets the gateway answer requests in flight before it exits.
 async fn stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};
@@ -463,6 +482,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     chunks_per_second: snapshot_free_rate,
                 },
             };
+            refuse_plain_beyond_loopback(&listen, cli.cert.is_some() || cli.insecure)?;
             floe_master::run(bind(&listen).await?, &metadata, settings).await
         }
         Command::Chunkserver {
@@ -511,6 +531,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 local_journal_quota_bytes: quota(&dir)?,
                 emulate_hdd,
             };
+            refuse_plain_beyond_loopback(&listen, cli.cert.is_some() || cli.insecure)?;
             floe_chunkserver::run(floe_chunkserver::Config {
                 dir,
                 listen,
