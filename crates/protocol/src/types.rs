@@ -570,6 +570,17 @@ pub struct ScrubStatus {
     pub healed_blocks: u64,
     pub lost_blocks: u64,
     pub lost: Vec<String>,
+    /// Scrubs an operator asked for (`floe scrub`) under way, for their progress.
+    #[serde(default)]
+    pub volumes: Vec<VolumeScrub>,
+}
+
+/// An operator's scrub of one volume under way: chunks checked of its chunks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeScrub {
+    pub volume: String,
+    pub chunks_checked: u64,
+    pub chunks_total: u64,
 }
 
 /// The cluster map and the replica moves that bring chunks to where it places them.
