@@ -306,14 +306,15 @@ pub async fn status(master: &MasterClient, format: Format) -> Result<(), String>
     }
     println!(
         "cluster: {} hosts, {}/{} chunk servers up, {} of chunk data, {} free of {} \
-         on {} file systems",
+         on {} file system{}",
         totals.hosts,
         totals.servers_up,
         totals.servers,
         size::format(totals.used_bytes),
         size::format(totals.free_bytes),
         size::format(totals.capacity_bytes),
-        totals.file_systems
+        totals.file_systems,
+        if totals.file_systems == 1 { "" } else { "s" }
     );
     for fs in &file_systems {
         if let Some(warning) = fs.warning() {
@@ -647,10 +648,15 @@ impl FileSystem<'_> {
         }
         let short = self.servers.iter().any(|s| s.fs.is_some_and(|f| f.short));
         let ids: Vec<String> = self.servers.iter().map(|s| s.id.to_string()).collect();
+        let mut hosts: Vec<&str> = self.servers.iter().map(|s| s.host.as_str()).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
         let mut line = format!(
-            "WARNING: the file system of chunk server {} on host {} is {percent}% full ({} free)",
+            "WARNING: the file system of chunk server{} {} on host{} {} is {percent}% full ({} free)",
+            if ids.len() == 1 { "" } else { "s" },
             ids.join(", "),
-            self.servers[0].host,
+            if hosts.len() == 1 { "" } else { "s" },
+            hosts.join(", "),
             size::format(fs.free_bytes)
         );
         if percent >= CRITICAL_PERCENT || short {
@@ -663,19 +669,101 @@ impl FileSystem<'_> {
     }
 }
 
-/// The servers grouped by the file system they store on.
+/// The servers grouped by the file system they store on: the same device of the same
+/// kernel (or of the same host, from servers that do not report their kernel).
 fn file_systems(servers: &[ServerInfo]) -> Vec<FileSystem<'_>> {
-    let mut groups: Vec<((&str, Option<u64>), FileSystem)> = Vec::new();
+    let mut groups: Vec<(FsKey, FileSystem)> = Vec::new();
     for s in servers {
         // A server not heard from yet is a file system of its own.
-        let key = (s.host.as_str(), s.fs.map(|fs| fs.device));
-        match groups
-            .iter_mut()
-            .find(|(k, _)| key.1.is_some() && *k == key)
-        {
+        let Some(fs) = s.fs else {
+            groups.push((FsKey::Unknown, FileSystem { servers: vec![s] }));
+            continue;
+        };
+        let key = match fs.kernel {
+            0 => FsKey::Host(&s.host, fs.device),
+            kernel => FsKey::Kernel(kernel, fs.device),
+        };
+        match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, group)) => group.servers.push(s),
             None => groups.push((key, FileSystem { servers: vec![s] })),
         }
     }
     groups.into_iter().map(|(_, group)| group).collect()
+}
+
+#[derive(PartialEq)]
+enum FsKey<'a> {
+    Kernel(u64, u64),
+    Host(&'a str, u64),
+    Unknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floe_protocol::DeviceClass;
+
+    fn server(id: ServerId, host: &str, fs: Option<FsUsage>) -> ServerInfo {
+        ServerInfo {
+            id,
+            uuid: id.to_string(),
+            address: format!("127.0.0.1:{id}"),
+            host: host.into(),
+            class: DeviceClass::Ssd,
+            emulated: false,
+            capacity_bytes: 100,
+            used_bytes: 1,
+            up: true,
+            lost: false,
+            corrupt_blocks: 0,
+            fs,
+        }
+    }
+
+    fn fs(kernel: u64, device: u64) -> Option<FsUsage> {
+        Some(FsUsage {
+            device,
+            kernel,
+            total_bytes: 252 << 30,
+            free_bytes: 100 << 30,
+            ..FsUsage::default()
+        })
+    }
+
+    /// Six demo servers on three emulated hosts and one disk: one disk's capacity.
+    #[test]
+    fn servers_sharing_a_file_system_count_once() {
+        let servers: Vec<ServerInfo> = ["a", "a", "b", "b", "c", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, host)| server(i as ServerId + 1, host, fs(7, 2049)))
+            .collect();
+        let groups = file_systems(&servers);
+        let totals = totals(&servers, &groups);
+        assert_eq!(totals.file_systems, 1);
+        assert_eq!(totals.capacity_bytes, 252 << 30);
+        assert_eq!(totals.free_bytes, 100 << 30);
+        assert_eq!(totals.used_bytes, 6);
+        assert_eq!(totals.hosts, 3);
+    }
+
+    #[test]
+    fn file_systems_differ_by_kernel_device_or_host() {
+        let servers = vec![
+            server(1, "a", fs(7, 1)),
+            server(2, "a", fs(7, 2)), // another disk of the same kernel
+            server(3, "a", fs(8, 1)), // the same device number on another machine
+            server(4, "a", fs(0, 1)), // no kernel id: host and device
+            server(5, "b", fs(0, 1)), // no kernel id, another host
+            server(6, "b", fs(0, 1)), // shares server 5's
+            server(7, "b", None),     // not heard from yet: its declared capacity
+        ];
+        let groups = file_systems(&servers);
+        let sizes: Vec<usize> = groups.iter().map(|g| g.servers.len()).collect();
+        assert_eq!(sizes, [1, 1, 1, 1, 2, 1]);
+        assert_eq!(
+            totals(&servers, &groups).capacity_bytes,
+            5 * (252 << 30) + 100
+        );
+    }
 }

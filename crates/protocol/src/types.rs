@@ -76,6 +76,12 @@ pub struct ServerInfo {
 pub struct FsUsage {
     /// Tells file systems apart on one host: servers sharing one report the same.
     pub device: u64,
+    /// The running kernel's boot id (its first 64 bits): device numbers are unique
+    /// within one kernel, so servers reporting the same kernel and device share one
+    /// file system, even when they name different hosts (`floe demo`'s emulated
+    /// ones, containers). 0 from servers that do not know it: their host stands in.
+    #[serde(default)]
+    pub kernel: u64,
     pub total_bytes: u64,
     pub free_bytes: u64,
     /// What new writes may still take: free space less what writes in flight and
