@@ -213,11 +213,11 @@ fn remap_and_merge(cluster: &Cluster, new_ids: &BTreeSet<u32>) {
             );
         }
     }
-    let (remapped, _) = moves(&cluster);
+    let (remapped, _) = moves(cluster);
     let merge = cluster.floe(&["layer", "merge", "0", "1"]);
     assert!(merge.contains("layers 0 and 1 merged"), "{merge}");
     cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
-    let (moved, bytes) = moves(&cluster);
+    let (moved, bytes) = moves(cluster);
     println!(
         "expand (mapx): pg remap {pg} 1 moved {remapped} chunks; layer merge 0 1 moved {} more \
          ({:.1} MiB in all)",
