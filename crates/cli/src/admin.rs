@@ -548,7 +548,8 @@ pub async fn scrub(master: &MasterClient, name: &str, format: Format) -> Result<
     let call = master.call_within(request, SCRUB_WAIT);
     tokio::pin!(call);
     let mut shown = Progress::new(format!("scrubbing {name}"), Unit::Bytes);
-    let mut poll = tokio::time::interval(POLL_EVERY);
+    // A scrub done within the first poll shows no progress at all.
+    let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + POLL_EVERY, POLL_EVERY);
     // The reply is read by the connection's own task while a status call is out.
     let reply = loop {
         tokio::select! {

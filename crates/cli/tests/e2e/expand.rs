@@ -195,9 +195,13 @@ fn remap_and_merge(cluster: &Cluster, new_ids: &BTreeSet<u32>) {
     let before = chunk_servers(cluster);
     let groups = pgs(cluster);
     let pg = groups[&0];
-    let remap = cluster.floe(&["pg", "remap", &pg.to_string(), "1"]);
+    // --wait: back once every chunk is where the new map places it.
+    let remap = cluster.floe(&["pg", "remap", &pg.to_string(), "1", "--wait"]);
     assert!(remap.contains("cluster map epoch"), "{remap}");
-    cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
+    assert!(
+        remap.contains("every chunk is where the map places it"),
+        "{remap}"
+    );
     let after = chunk_servers(cluster);
     for (index, servers) in &after {
         if groups[index] == pg {
@@ -214,9 +218,12 @@ fn remap_and_merge(cluster: &Cluster, new_ids: &BTreeSet<u32>) {
         }
     }
     let (remapped, _) = moves(cluster);
-    let merge = cluster.floe(&["layer", "merge", "0", "1"]);
+    let merge = cluster.floe(&["layer", "merge", "0", "1", "--wait"]);
     assert!(merge.contains("layers 0 and 1 merged"), "{merge}");
-    cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
+    assert!(
+        merge.contains("every chunk is where the map places it"),
+        "{merge}"
+    );
     let (moved, bytes) = moves(cluster);
     println!(
         "expand (mapx): pg remap {pg} 1 moved {remapped} chunks; layer merge 0 1 moved {} more \
