@@ -287,6 +287,9 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                             tracing::error!(volume_id, "dropping a deleted volume failed: {e}");
                             deleted.remove(&volume_id);
                         }
+                        // The next heartbeat shows the space freed (`volume delete
+                        // --wait` follows it), not one a few beats later.
+                        used_bytes = store.used_bytes();
                     }
                 }
             }

@@ -256,8 +256,9 @@ pub async fn delete(master: &MasterClient, name: &str, wait: bool) -> Result<(),
 }
 
 /// How long the chunk servers' data may stay the same before the freeing counts as
-/// done: a heartbeat (1 s) tells them, the next reports what they freed.
-const FREEING_SETTLED: Duration = Duration::from_secs(3);
+/// done: a heartbeat (1 s) tells them, the next reports what they freed; a server
+/// that does not report at once does within its usage refresh (5 heartbeats).
+const FREEING_SETTLED: Duration = Duration::from_secs(6);
 
 /// Follows the chunk servers freeing a deleted volume's replicas: their data shrinks
 /// towards what it was less the volume's (at most its allocated chunks, whole: files
