@@ -113,13 +113,17 @@ print('zeroed')",
     }
 }
 
-/// Every argument of every subcommand says what it is.
+/// Every argument of every subcommand says what it is, and no usage line asks for
+/// `--master`, which has a default.
 #[test]
 fn every_argument_is_described() {
     let mut missing = Vec::new();
     let mut commands = vec![Vec::<String>::new()];
     while let Some(command) = commands.pop() {
         let help = ok(Command::new(FLOE).args(&command).arg("--help"));
+        let usage = help.split_once("Usage:").map_or("", |(_, rest)| rest);
+        let usage = usage.split_once("\n\n").map_or(usage, |(lines, _)| lines);
+        assert!(!usage.contains("--master"), "floe {command:?}: {usage}");
         missing.extend(
             undescribed(&help)
                 .into_iter()
