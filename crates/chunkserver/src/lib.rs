@@ -288,6 +288,9 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                             tracing::error!(volume_id, "dropping a deleted volume failed: {e}");
                             deleted.remove(&volume_id);
                         }
+                        // The next heartbeat shows the space freed (`volume delete
+                        // --wait` follows it), not one a few beats later.
+                        used_bytes = store.used_bytes();
                     }
                 }
             }
@@ -311,6 +314,7 @@ fn fs_usage(store: &Store) -> Option<FsUsage> {
     match store.space_report() {
         Ok(report) => Some(FsUsage {
             device: report.fs.device,
+            kernel: kernel_id(),
             total_bytes: report.fs.total_bytes,
             free_bytes: report.fs.free_bytes,
             writable_bytes: report.writable_bytes,
@@ -321,6 +325,21 @@ fn fs_usage(store: &Store) -> Option<FsUsage> {
             None
         }
     }
+}
+
+/// The first 64 bits of this kernel's boot id (Linux), read once; 0 where there is
+/// none.
+fn kernel_id() -> u64 {
+    static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let hex: String = id
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .take(16)
+            .collect();
+        u64::from_str_radix(&hex, 16).unwrap_or(0)
+    })
 }
 
 fn store_status(e: &StoreError) -> Status {

@@ -1,7 +1,9 @@
 //! `floe volume ...`, `floe status`, `floe scrub` and `floe chunkserver mark-lost`:
 //! one call to the master each, printed as tables.
 
+use crate::progress::{Progress, Unit, POLL_EVERY};
 use crate::size;
+use crate::views::{self, Format};
 use floe_client::master::MasterClient;
 use floe_protocol::{
     ChunkId, ClusterStatus, FsUsage, JournalUsage, MasterRequest, MasterResponse, QosLimits,
@@ -130,8 +132,12 @@ pub async fn set_write_mode(
     Ok(())
 }
 
-pub async fn list(master: &MasterClient) -> Result<(), String> {
+pub async fn list(master: &MasterClient, format: Format) -> Result<(), String> {
     let volumes = master.list_volumes().await.map_err(|e| e.to_string())?;
+    if format.json {
+        let volumes = volumes.iter().map(views::VolumeView::from).collect();
+        return views::print(&views::VolumeList { volumes });
+    }
     println!("{VOLUME_HEADER}");
     for v in &volumes {
         println!("{}", volume_row(v));
@@ -139,8 +145,11 @@ pub async fn list(master: &MasterClient) -> Result<(), String> {
     Ok(())
 }
 
-pub async fn info(master: &MasterClient, name: &str) -> Result<(), String> {
+pub async fn info(master: &MasterClient, name: &str, format: Format) -> Result<(), String> {
     let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
+    if format.json {
+        return views::print(&views::VolumeInfo::from(&map));
+    }
     let v = &map.volume;
     println!("name:          {}", v.spec.name);
     println!("id:            {}", v.id);
@@ -228,38 +237,85 @@ pub async fn resize(master: &MasterClient, name: &str, size_bytes: u64) -> Resul
     Ok(())
 }
 
-pub async fn delete(master: &MasterClient, name: &str) -> Result<(), String> {
+pub async fn delete(master: &MasterClient, name: &str, wait: bool) -> Result<(), String> {
+    let before = match wait {
+        true => Some(master.status().await.map_err(|e| e.to_string())?),
+        false => None,
+    };
     master
         .delete_volume(name)
         .await
         .map_err(|e| format!("cannot delete volume {name}: {e}"))?;
-    println!("deleted volume {name}; chunk servers free its space at their next heartbeat");
+    let Some(before) = before else {
+        println!("deleted volume {name}; chunk servers free its space at their next heartbeat");
+        return Ok(());
+    };
+    let freed = follow_freeing(master, name, &before).await?;
+    println!("deleted volume {name}; {} freed", size::format(freed));
     Ok(())
 }
 
-pub async fn status(master: &MasterClient) -> Result<(), String> {
+/// How long the chunk servers' data may stay the same before the freeing counts as
+/// done: a heartbeat (1 s) tells them, the next reports what they freed; a server
+/// that does not report at once does within its usage refresh (5 heartbeats).
+const FREEING_SETTLED: Duration = Duration::from_secs(6);
+
+/// Follows the chunk servers freeing a deleted volume's replicas: their data shrinks
+/// towards what it was less the volume's (at most its allocated chunks, whole: files
+/// are sparse). Unrelated writes meanwhile blur it; it ends once the data stops
+/// shrinking.
+async fn follow_freeing(
+    master: &MasterClient,
+    name: &str,
+    before: &ClusterStatus,
+) -> Result<u64, String> {
+    let used = |status: &ClusterStatus| status.servers.iter().map(|s| s.used_bytes).sum::<u64>();
+    let used_before = used(before);
+    let at_most = before
+        .volumes
+        .iter()
+        .find(|v| v.spec.name == name)
+        .map_or(0, |v| {
+            v.chunks_allocated * v.spec.chunk_bytes * v.spec.replicas as u64
+        });
+    let mut shown = Progress::new(format!("freeing {name}"), Unit::Bytes);
+    let (mut freed, mut changed) = (0, std::time::Instant::now());
+    while freed < at_most && changed.elapsed() < FREEING_SETTLED {
+        tokio::time::sleep(POLL_EVERY).await;
+        let now =
+            used_before.saturating_sub(used(&master.status().await.map_err(|e| e.to_string())?));
+        if now != freed {
+            (freed, changed) = (now, std::time::Instant::now());
+        }
+        shown.update(freed, at_most, " (at most)");
+    }
+    shown.finish();
+    Ok(freed)
+}
+
+pub async fn status(master: &MasterClient, format: Format) -> Result<(), String> {
     let status = master.status().await.map_err(|e| e.to_string())?;
+    let file_systems = file_systems(&status.servers);
+    let totals = totals(&status.servers, &file_systems);
+    if format.json {
+        let view = views::StatusView::new(&status, master.leader(), totals);
+        return views::print(&view);
+    }
     let masters = master.address();
     if masters.contains(',') {
         println!("master: {} leads (of {masters})", master.leader());
     }
-    let mut hosts: Vec<&str> = status.servers.iter().map(|s| s.host.as_str()).collect();
-    hosts.sort_unstable();
-    hosts.dedup();
-    let up = status.servers.iter().filter(|s| s.up).count();
-    let file_systems = file_systems(&status.servers);
-    let capacity: u64 = file_systems.iter().map(|f| f.total_bytes()).sum();
-    let free: u64 = file_systems.iter().map(|f| f.free_bytes()).sum();
-    let used: u64 = status.servers.iter().map(|s| s.used_bytes).sum();
     println!(
-        "cluster: {} hosts, {up}/{} chunk servers up, {} of chunk data, {} free of {} \
-         on {} file systems",
-        hosts.len(),
-        status.servers.len(),
-        size::format(used),
-        size::format(free),
-        size::format(capacity),
-        file_systems.len()
+        "cluster: {} hosts, {}/{} chunk servers up, {} of chunk data, {} free of {} \
+         on {} file system{}",
+        totals.hosts,
+        totals.servers_up,
+        totals.servers,
+        size::format(totals.used_bytes),
+        size::format(totals.free_bytes),
+        size::format(totals.capacity_bytes),
+        totals.file_systems,
+        if totals.file_systems == 1 { "" } else { "s" }
     );
     for fs in &file_systems {
         if let Some(warning) = fs.warning() {
@@ -425,6 +481,23 @@ fn print_reclaim(status: &ClusterStatus) {
     }
 }
 
+/// Cluster totals, each file system counted once (six demo servers on one disk are
+/// one disk's capacity, not six).
+fn totals(servers: &[ServerInfo], file_systems: &[FileSystem]) -> views::Totals {
+    let mut hosts: Vec<&str> = servers.iter().map(|s| s.host.as_str()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    views::Totals {
+        hosts: hosts.len(),
+        servers: servers.len(),
+        servers_up: servers.iter().filter(|s| s.up).count(),
+        file_systems: file_systems.len(),
+        used_bytes: servers.iter().map(|s| s.used_bytes).sum(),
+        capacity_bytes: file_systems.iter().map(|f| f.total_bytes()).sum(),
+        free_bytes: file_systems.iter().map(|f| f.free_bytes()).sum(),
+    }
+}
+
 /// Block checksums and the background scrub, for `floe status`.
 fn print_integrity(status: &ClusterStatus) {
     let s = &status.scrub;
@@ -469,37 +542,70 @@ fn print_integrity(status: &ClusterStatus) {
 /// A scrub reads every replica of every chunk before the master answers: as long as
 /// that takes.
 const SCRUB_WAIT: Duration = Duration::MAX;
-
-pub async fn scrub(master: &MasterClient, name: &str) -> Result<(), String> {
+pub async fn scrub(master: &MasterClient, name: &str, format: Format) -> Result<(), String> {
     let request = MasterRequest::Scrub {
         name: name.to_string(),
     };
-    let reply = master
-        .call_within(request, SCRUB_WAIT)
-        .await
-        .map_err(|e| format!("cannot scrub volume {name}: {e}"))?;
+    let call = master.call_within(request, SCRUB_WAIT);
+    tokio::pin!(call);
+    let mut shown = Progress::new(format!("scrubbing {name}"), Unit::Bytes);
+    // A scrub done within the first poll shows no progress at all.
+    let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + POLL_EVERY, POLL_EVERY);
+    // The reply is read by the connection's own task while a status call is out.
+    let reply = loop {
+        tokio::select! {
+            reply = &mut call => break reply,
+            _ = poll.tick() => show_scrub(master, name, &mut shown).await,
+        }
+    };
+    shown.finish();
+    let reply = reply.map_err(|e| format!("cannot scrub volume {name}: {e}"))?;
     let MasterResponse::Scrub(report) = reply else {
         return Err(format!("master answered {reply:?}"));
     };
-    for detail in &report.details {
-        println!("{detail}");
+    if format.json {
+        views::print(&views::ScrubView::new(name, &report))?;
+    } else {
+        for detail in &report.details {
+            println!("{detail}");
+        }
+        println!(
+            "scrubbed {name}: {} chunks, {} differences, {} repaired, {} blocks healed, {} \
+             blocks lost, {} skipped",
+            report.chunks,
+            report.differences,
+            report.repaired,
+            report.healed_blocks,
+            report.lost_blocks.len(),
+            report.skipped
+        );
     }
-    println!(
-        "scrubbed {name}: {} chunks, {} differences, {} repaired, {} blocks healed, {} blocks \
-         lost, {} skipped",
-        report.chunks,
-        report.differences,
-        report.repaired,
-        report.healed_blocks,
-        report.lost_blocks.len(),
-        report.skipped
-    );
-    if report.differences > report.repaired || report.skipped > 0 {
+    if !views::is_clean(&report) {
         return Err(format!(
-            "volume {name} is not verified clean: see the lines above"
+            "volume {name} is not verified clean: see the details"
         ));
     }
     Ok(())
+}
+
+/// The master's count of chunks checked by our scrub, as bytes of the volume.
+async fn show_scrub(master: &MasterClient, name: &str, shown: &mut Progress) {
+    let Ok(status) = master.status().await else {
+        return;
+    };
+    let chunk_bytes = status
+        .volumes
+        .iter()
+        .find(|v| v.spec.name == name)
+        .map_or(0, |v| v.spec.chunk_bytes);
+    if let Some(p) = status.scrub.volumes.iter().find(|p| p.volume == name) {
+        let chunks = format!(" ({}/{} chunks)", p.chunks_checked, p.chunks_total);
+        shown.update(
+            p.chunks_checked * chunk_bytes,
+            p.chunks_total * chunk_bytes,
+            &chunks,
+        );
+    }
 }
 
 pub async fn mark_lost(master: &MasterClient, id: ServerId) -> Result<(), String> {
@@ -544,10 +650,15 @@ impl FileSystem<'_> {
         }
         let short = self.servers.iter().any(|s| s.fs.is_some_and(|f| f.short));
         let ids: Vec<String> = self.servers.iter().map(|s| s.id.to_string()).collect();
+        let mut hosts: Vec<&str> = self.servers.iter().map(|s| s.host.as_str()).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
         let mut line = format!(
-            "WARNING: the file system of chunk server {} on host {} is {percent}% full ({} free)",
+            "WARNING: the file system of chunk server{} {} on host{} {} is {percent}% full ({} free)",
+            if ids.len() == 1 { "" } else { "s" },
             ids.join(", "),
-            self.servers[0].host,
+            if hosts.len() == 1 { "" } else { "s" },
+            hosts.join(", "),
             size::format(fs.free_bytes)
         );
         if percent >= CRITICAL_PERCENT || short {
@@ -560,19 +671,101 @@ impl FileSystem<'_> {
     }
 }
 
-/// The servers grouped by the file system they store on.
+/// The servers grouped by the file system they store on: the same device of the same
+/// kernel (or of the same host, from servers that do not report their kernel).
 fn file_systems(servers: &[ServerInfo]) -> Vec<FileSystem<'_>> {
-    let mut groups: Vec<((&str, Option<u64>), FileSystem)> = Vec::new();
+    let mut groups: Vec<(FsKey, FileSystem)> = Vec::new();
     for s in servers {
         // A server not heard from yet is a file system of its own.
-        let key = (s.host.as_str(), s.fs.map(|fs| fs.device));
-        match groups
-            .iter_mut()
-            .find(|(k, _)| key.1.is_some() && *k == key)
-        {
+        let Some(fs) = s.fs else {
+            groups.push((FsKey::Unknown, FileSystem { servers: vec![s] }));
+            continue;
+        };
+        let key = match fs.kernel {
+            0 => FsKey::Host(&s.host, fs.device),
+            kernel => FsKey::Kernel(kernel, fs.device),
+        };
+        match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, group)) => group.servers.push(s),
             None => groups.push((key, FileSystem { servers: vec![s] })),
         }
     }
     groups.into_iter().map(|(_, group)| group).collect()
+}
+
+#[derive(PartialEq)]
+enum FsKey<'a> {
+    Kernel(u64, u64),
+    Host(&'a str, u64),
+    Unknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floe_protocol::DeviceClass;
+
+    fn server(id: ServerId, host: &str, fs: Option<FsUsage>) -> ServerInfo {
+        ServerInfo {
+            id,
+            uuid: id.to_string(),
+            address: format!("127.0.0.1:{id}"),
+            host: host.into(),
+            class: DeviceClass::Ssd,
+            emulated: false,
+            capacity_bytes: 100,
+            used_bytes: 1,
+            up: true,
+            lost: false,
+            corrupt_blocks: 0,
+            fs,
+        }
+    }
+
+    fn fs(kernel: u64, device: u64) -> Option<FsUsage> {
+        Some(FsUsage {
+            device,
+            kernel,
+            total_bytes: 252 << 30,
+            free_bytes: 100 << 30,
+            ..FsUsage::default()
+        })
+    }
+
+    /// Six demo servers on three emulated hosts and one disk: one disk's capacity.
+    #[test]
+    fn servers_sharing_a_file_system_count_once() {
+        let servers: Vec<ServerInfo> = ["a", "a", "b", "b", "c", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, host)| server(i as ServerId + 1, host, fs(7, 2049)))
+            .collect();
+        let groups = file_systems(&servers);
+        let totals = totals(&servers, &groups);
+        assert_eq!(totals.file_systems, 1);
+        assert_eq!(totals.capacity_bytes, 252 << 30);
+        assert_eq!(totals.free_bytes, 100 << 30);
+        assert_eq!(totals.used_bytes, 6);
+        assert_eq!(totals.hosts, 3);
+    }
+
+    #[test]
+    fn file_systems_differ_by_kernel_device_or_host() {
+        let servers = vec![
+            server(1, "a", fs(7, 1)),
+            server(2, "a", fs(7, 2)), // another disk of the same kernel
+            server(3, "a", fs(8, 1)), // the same device number on another machine
+            server(4, "a", fs(0, 1)), // no kernel id: host and device
+            server(5, "b", fs(0, 1)), // no kernel id, another host
+            server(6, "b", fs(0, 1)), // shares server 5's
+            server(7, "b", None),     // not heard from yet: its declared capacity
+        ];
+        let groups = file_systems(&servers);
+        let sizes: Vec<usize> = groups.iter().map(|g| g.servers.len()).collect();
+        assert_eq!(sizes, [1, 1, 1, 1, 2, 1]);
+        assert_eq!(
+            totals(&servers, &groups).capacity_bytes,
+            5 * (252 << 30) + 100
+        );
+    }
 }

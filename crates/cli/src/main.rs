@@ -8,10 +8,12 @@ mod placement;
 mod progress;
 mod size;
 mod snapshot;
+mod views;
 
 use clap::{Parser, Subcommand};
 use floe_client::master::MasterClient;
 use floe_protocol::{DeviceClass, PlacementMode, VolumeMode, VolumeSpec, WriteMode};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -59,6 +61,7 @@ enum Command {
         /// of which one leads and the others stand by.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=3))]
         masters: u16,
+        /// Port of the gateway's NBD exports.
         #[arg(long, default_value_t = 10809)]
         nbd_port: u16,
         /// Size of the demo volume when it is created.
@@ -90,9 +93,11 @@ enum Command {
     },
     /// Run the master.
     Master {
+        /// Address to serve chunk servers, gateways and the CLI on.
         #[arg(long, default_value = "127.0.0.1:7700")]
         listen: String,
-        /// embedded:PATH or etcd://HOST:PORT[,HOST:PORT]/PREFIX
+        /// Where the cluster's metadata is stored: embedded:PATH (a redb file) or
+        /// etcd://HOST:PORT[,HOST:PORT]/PREFIX.
         #[arg(long)]
         metadata: String,
         /// Chunks repaired at once after a failure.
@@ -135,6 +140,7 @@ enum Command {
     },
     /// Run a gateway exporting volumes over NBD.
     Gateway {
+        /// Address to serve NBD clients on.
         #[arg(long, default_value = "127.0.0.1:10809")]
         listen: String,
         /// Export volumes read-only: no lease is taken, so another gateway may write.
@@ -163,9 +169,18 @@ enum Command {
     #[command(subcommand)]
     Volume(VolumeCommand),
     /// Show hosts, chunk servers, capacity, volumes, redundancy and recovery.
-    Status,
-    /// Compare the replicas of every chunk of a volume and repair differences.
-    Scrub { name: String },
+    Status {
+        #[command(flatten)]
+        format: views::Format,
+    },
+    /// Compare the replicas of every chunk of a volume and repair differences, with
+    /// progress, rate and ETA on stderr.
+    Scrub {
+        /// The volume to scrub.
+        name: String,
+        #[command(flatten)]
+        format: views::Format,
+    },
     /// Snapshots: VOLUME@SNAPSHOT, exported read-only under that name.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
@@ -188,13 +203,16 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ChunkserverArgs {
+    /// Data directory: chunk files, the server's identity and its log.
     #[arg(long)]
     dir: PathBuf,
+    /// Address to serve gateways, peers and the master on.
     #[arg(long)]
     listen: String,
     /// Failure domain: replicas of a chunk go to distinct hosts.
     #[arg(long)]
     host: String,
+    /// Device class of the disk under --dir: ssd or hdd.
     #[arg(long, default_value = "ssd")]
     class: DeviceClass,
     /// Capacity to advertise; defaults to the size of the file system under --dir.
@@ -217,21 +235,31 @@ enum ChunkserverCommand {
     /// Declare a failed chunk server permanently lost, so chunks whose surviving
     /// replicas are a minority can be recovered from them. Acknowledged writes held
     /// only by the lost server's replicas are lost with it.
-    MarkLost { id: floe_protocol::ServerId },
+    MarkLost {
+        /// The chunk server's id (`floe status` lists them).
+        id: floe_protocol::ServerId,
+    },
 }
 
 #[derive(Subcommand)]
 enum VolumeCommand {
+    /// Create a volume, thin: chunks are allocated when first written.
     Create {
+        /// The volume's name, its NBD export name (no `@` or `~`).
         name: String,
+        /// Size the volume exports, e.g. 10G (binary units K, M, G, T).
         #[arg(long, value_parser = size::parse)]
         size: u64,
+        /// Copies of each chunk, on distinct hosts.
         #[arg(long, default_value_t = 3)]
         replicas: u32,
+        /// Bytes of each chunk, the unit of allocation, placement and repair.
         #[arg(long, default_value = "64M", value_parser = size::parse)]
         chunk_size: u64,
+        /// Bytes written to one chunk before the stripe moves to the next.
         #[arg(long, default_value = "64K", value_parser = size::parse)]
         stripe_unit: u64,
+        /// Chunks a stripe spreads over (more: more servers share one stream).
         #[arg(long, default_value_t = floe_protocol::STRIPE_COUNT_DEFAULT)]
         stripe_count: u32,
         /// Device classes: ssd (all replicas), hybrid (primary on ssd, backups on hdd
@@ -252,26 +280,43 @@ enum VolumeCommand {
     /// Change a volume's write mode; it takes effect when the volume is next opened
     /// (not to or from log-commit: its chunks hold a log).
     SetWriteMode {
+        /// The volume.
         name: String,
+        /// write-through, write-back or flush-epoch (see `volume create --help`).
         mode: WriteMode,
     },
-    List,
+    /// List the volumes: size, layout, chunks allocated, limits, write mode.
+    List {
+        #[command(flatten)]
+        format: views::Format,
+    },
+    /// Show a volume and where each of its chunks is.
     Info {
+        /// The volume.
         name: String,
+        #[command(flatten)]
+        format: views::Format,
     },
     /// Grow a volume (shrinking is refused: it would discard data).
     Resize {
+        /// The volume.
         name: String,
+        /// Its new size, e.g. 20G; at least the current one.
         #[arg(long, value_parser = size::parse)]
         size: u64,
     },
     /// Delete a volume and free its chunks.
     Delete {
+        /// The volume.
         name: String,
+        /// Follow the chunk servers freeing its space, with progress, rate and ETA.
+        #[arg(long)]
+        wait: bool,
     },
     /// Limit a volume's I/O (reads and writes together); a gateway serving it applies
     /// the change within a few seconds.
     SetQos {
+        /// The volume.
         name: String,
         #[command(flatten)]
         qos: QosArgs,
@@ -279,13 +324,16 @@ enum VolumeCommand {
     /// A new volume NAME, writable at once, that reads the snapshot VOLUME@SNAPSHOT
     /// wherever it has not been written (nothing is copied up front).
     Clone {
+        /// VOLUME@SNAPSHOT to clone.
         source: String,
+        /// The new volume's name.
         name: String,
     },
     /// Copy every block clone NAME still reads from its parent snapshot into the
     /// clone, then detach it (the snapshot can then be deleted). Refused while a
     /// gateway has the clone open.
     Flatten {
+        /// The clone.
         name: String,
         /// Copy rate, e.g. 100M (0: unlimited).
         #[arg(long, default_value = "100M", value_parser = size::parse)]
@@ -294,12 +342,15 @@ enum VolumeCommand {
     /// Write the volume back to its snapshot VOLUME@SNAPSHOT (only what changed since;
     /// newer snapshots are kept). Refused while a gateway has the volume open.
     Rollback {
+        /// VOLUME@SNAPSHOT to roll back to.
         target: String,
     },
     /// The ranges that changed from snapshot VOLUME@SNAPSHOT to a later one, or to
     /// the volume now (4 KiB blocks; a chunk allocated since counts whole).
     Diff {
+        /// VOLUME@SNAPSHOT to compare from.
         since: String,
+        /// VOLUME@SNAPSHOT to compare to (default: the volume now).
         until: Option<String>,
         /// One JSON object instead of text.
         #[arg(long)]
@@ -326,6 +377,8 @@ fn init_logging() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rustls=error")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person watching: `floe demo` sends stderr to log files.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 
@@ -590,10 +643,10 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 };
                 admin::create(&master, spec, qos.iops, qos.bandwidth).await
             }
-            VolumeCommand::List => admin::list(&master).await,
-            VolumeCommand::Info { name } => admin::info(&master, &name).await,
+            VolumeCommand::List { format } => admin::list(&master, format).await,
+            VolumeCommand::Info { name, format } => admin::info(&master, &name, format).await,
             VolumeCommand::Resize { name, size } => admin::resize(&master, &name, size).await,
-            VolumeCommand::Delete { name } => admin::delete(&master, &name).await,
+            VolumeCommand::Delete { name, wait } => admin::delete(&master, &name, wait).await,
             VolumeCommand::SetWriteMode { name, mode } => {
                 admin::set_write_mode(&master, &name, mode).await
             }
@@ -609,8 +662,8 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 snapshot::diff(&cli.master, &since, until.as_deref(), json).await
             }
         },
-        Command::Status => admin::status(&master).await,
-        Command::Scrub { name } => admin::scrub(&master, &name).await,
+        Command::Status { format } => admin::status(&master, format).await,
+        Command::Scrub { name, format } => admin::scrub(&master, &name, format).await,
         Command::Snapshot(command) => snapshot::run(&master, command).await,
         Command::Placement(command) => placement::run(command),
         Command::Cert(command) => cert::run(command),

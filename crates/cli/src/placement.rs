@@ -17,10 +17,13 @@ pub enum PlacementCommand {
         /// Rule id; every rule when absent.
         #[arg(long)]
         rule: Option<u32>,
+        /// Replicas each input maps to.
         #[arg(long)]
         num_rep: usize,
+        /// First input (x) mapped.
         #[arg(long, default_value_t = 0)]
         min_x: u32,
+        /// Last input (x) mapped.
         #[arg(long, default_value_t = 1023)]
         max_x: u32,
         /// Print one line per input (the only output there is, as in crushtool).

@@ -22,20 +22,7 @@ pub fn parse(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("size {text:?} is too large"))
 }
 
-pub fn format(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+pub use floe_protocol::units::human_bytes as format;
 
 #[cfg(test)]
 mod tests {

@@ -5,6 +5,7 @@ use crate::state::{put, volume_key, State};
 use crate::{Failure, Master, Reply};
 use floe_metadata::Op;
 use floe_protocol::snapshot::Parent;
+use floe_protocol::units::human_bytes;
 use floe_protocol::{MasterResponse, Status, Volume, VolumeMap, VolumeSpec, WriteMode};
 
 impl Master {
@@ -114,8 +115,9 @@ impl Master {
                     return Err((
                         Status::BadRequest,
                         format!(
-                            "volume {name} is {} bytes; shrinking is not supported (it would discard data)",
-                            volume.spec.size_bytes
+                            "volume {name} is {}, more than {}: shrinking is not supported (it would discard data)",
+                            human_bytes(volume.spec.size_bytes),
+                            human_bytes(size_bytes)
                         ),
                     ));
                 }

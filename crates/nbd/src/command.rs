@@ -98,10 +98,16 @@ impl Command {
             ..
         } = *header;
         // FUA is accepted on every command: clients are known to set it everywhere.
+        // FAST_ZERO asks for ENOTSUP at once if zeroing is no faster than writing
+        // zeroes; it never is slower here, so it is always honoured: a zero carries
+        // no data (offset and length only) down to the chunk servers, which punch or
+        // zero the range in place; a partial 4 KiB block at either end is read and
+        // rewritten there as a partial write's would be, and a snapshot's
+        // copy-on-write costs a zero what it costs a write.
         let allowed = CMD_FLAG_FUA
             | match kind {
                 CMD_READ if session.structured => CMD_FLAG_DF,
-                CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE,
+                CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
                 CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
                 _ => 0,
             };

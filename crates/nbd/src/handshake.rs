@@ -34,13 +34,15 @@ pub(crate) type Context = (u32, Arc<Vec<(u64, u64)>>);
 /// The transmission flags of every export. CAN_MULTI_CONN rests on the device
 /// contract: a write, trim or write_zeroes is durable once it returns, and connections
 /// to one export share the device, so a FLUSH on one covers writes completed on
-/// another.
+/// another. FAST_ZERO: a zero never costs more than writing the zeroes would (see
+/// `Command::parse`), so a client may rely on it instead of writing them itself.
 fn transmission_flags(structured: bool) -> u16 {
     let flags = FLAG_HAS_FLAGS
         | FLAG_SEND_FLUSH
         | FLAG_SEND_FUA
         | FLAG_SEND_TRIM
         | FLAG_SEND_WRITE_ZEROES
+        | FLAG_SEND_FAST_ZERO
         | FLAG_SEND_CACHE
         | FLAG_CAN_MULTI_CONN;
     // DF only means something with structured replies (proto.md requires it clear

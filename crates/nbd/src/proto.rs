@@ -24,6 +24,7 @@ pub(crate) const FLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
 pub(crate) const FLAG_SEND_DF: u16 = 1 << 7;
 pub(crate) const FLAG_CAN_MULTI_CONN: u16 = 1 << 8;
 pub(crate) const FLAG_SEND_CACHE: u16 = 1 << 10;
+pub(crate) const FLAG_SEND_FAST_ZERO: u16 = 1 << 11;
 
 // Options.
 pub(crate) const OPT_EXPORT_NAME: u32 = 1;
@@ -67,6 +68,7 @@ pub(crate) const CMD_FLAG_FUA: u16 = 1 << 0;
 pub(crate) const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 pub(crate) const CMD_FLAG_DF: u16 = 1 << 2;
 pub(crate) const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
+pub(crate) const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
 // Structured replies.
 pub(crate) const REPLY_FLAG_DONE: u16 = 1 << 0;

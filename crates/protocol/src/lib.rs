@@ -6,6 +6,7 @@
 //!   hand-packed binary layout, the control plane (requests to the master, and to chunk
 //!   servers about their replicas: separate types and frame kinds) JSON bodies.
 //! - [`types`]: cluster objects shared by every process (volumes, servers, chunks).
+//! - [`units`]: sizes as messages print them.
 //! - [`log_commit`]: the on-disk layout of a log-commit volume (master and gateway
 //!   agree on its size).
 //! - [`snapshot`]: snapshot epochs, delta chunks and snapshot names.
@@ -31,6 +32,7 @@ pub mod snapshot;
 pub mod tls;
 pub mod transport;
 pub mod types;
+pub mod units;
 
 pub use connection::{Connection, TcpTransport};
 pub use frame::{Frame, FrameError, Status};

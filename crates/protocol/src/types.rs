@@ -76,6 +76,12 @@ pub struct ServerInfo {
 pub struct FsUsage {
     /// Tells file systems apart on one host: servers sharing one report the same.
     pub device: u64,
+    /// The running kernel's boot id (its first 64 bits): device numbers are unique
+    /// within one kernel, so servers reporting the same kernel and device share one
+    /// file system, even when they name different hosts (`floe demo`'s emulated
+    /// ones, containers). 0 from servers that do not know it: their host stands in.
+    #[serde(default)]
+    pub kernel: u64,
     pub total_bytes: u64,
     pub free_bytes: u64,
     /// What new writes may still take: free space less what writes in flight and
@@ -570,6 +576,17 @@ pub struct ScrubStatus {
     pub healed_blocks: u64,
     pub lost_blocks: u64,
     pub lost: Vec<String>,
+    /// Scrubs an operator asked for (`floe scrub`) under way, for their progress.
+    #[serde(default)]
+    pub volumes: Vec<VolumeScrub>,
+}
+
+/// An operator's scrub of one volume under way: chunks checked of its chunks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeScrub {
+    pub volume: String,
+    pub chunks_checked: u64,
+    pub chunks_total: u64,
 }
 
 /// The cluster map and the replica moves that bring chunks to where it places them.

@@ -2,7 +2,7 @@
 //! NBD clients at the gateway, out-of-range I/O, and bad admin commands. Each must be
 //! refused without hurting the cluster or anyone else's data.
 
-use crate::cluster::{nbdsh, ok, output, Cluster};
+use crate::cluster::{nbdsh, ok, output, volume, Cluster};
 use crate::io_helpers::{alive, floe_output, qemu_io, text, wait_for_file};
 use crate::nbd_raw::{
     Raw, CMD_READ, CMD_WRITE, EINVAL, GREETING_BYTES, IHAVEOPT, OPT_GO, OPT_LIST, REP_ACK,
@@ -407,8 +407,8 @@ fn control_requests_to_the_wrong_role_are_refused() {
     for &pid in &cluster.info.chunkserver_pids {
         assert!(alive(pid), "chunkserver (pid {pid}) died");
     }
-    let list = cluster.floe(&["volume", "list"]);
-    assert!(row(&list, "demo").is_some(), "{list}");
+    let list = cluster.floe_json(&["volume", "list"]);
+    assert!(volume(&list, "demo").is_some(), "{list}");
     let uri = cluster.uri();
     qemu_io(uri, &["write -P 0x5a 0 64k", "read -P 0x5a 0 64k"]);
 }
@@ -433,12 +433,6 @@ fn assert_refused(out: &std::process::Output, keyword: &str) {
 }
 
 /// The list's row for `name`, if any.
-fn row(list: &str, name: &str) -> Option<String> {
-    list.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .map(str::to_string)
-}
-
 #[test]
 fn volume_admin_rejects_bad_arguments() {
     let dir = tempfile::tempdir().unwrap();
@@ -473,29 +467,33 @@ fn volume_admin_rejects_bad_arguments() {
         &floe_output(&cluster, &["volume", "resize", "demo", "--size", "512M"]),
         "shrink",
     );
-    let list = cluster.floe(&["volume", "list"]);
+    let list = cluster.floe_json(&["volume", "list"]);
     assert!(
-        row(&list, "odd").is_none() && row(&list, "norep").is_none(),
+        volume(&list, "odd").is_none() && volume(&list, "norep").is_none(),
         "{list}"
     );
-    let demo = row(&list, "demo").unwrap_or_else(|| panic!("{list}"));
-    assert!(demo.contains("1.0 GiB"), "shrink changed demo: {demo}");
+    let demo = volume(&list, "demo").unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(
+        demo["size_bytes"],
+        1u64 << 30,
+        "shrink changed demo: {demo}"
+    );
     let size = ok(Command::new("nbdinfo").args(["--size", uri]));
     assert_eq!(size.trim(), (1u64 << 30).to_string());
 
     // A second volume: listed, exported at its own name, then deleted.
     cluster.floe(&["volume", "create", "v2", "--size", "64M"]);
-    let list = cluster.floe(&["volume", "list"]);
-    let v2 = row(&list, "v2").unwrap_or_else(|| panic!("v2 not listed:\n{list}"));
-    assert!(v2.contains("64.0 MiB"), "{v2}");
+    let list = cluster.floe_json(&["volume", "list"]);
+    let v2 = volume(&list, "v2").unwrap_or_else(|| panic!("v2 not listed:\n{list}"));
+    assert_eq!(v2["size_bytes"], 64u64 << 20, "{v2}");
     let v2_uri = uri.replace("/demo", "/v2");
     let size = ok(Command::new("nbdinfo").args(["--size", &v2_uri]));
     assert_eq!(size.trim(), (64u64 << 20).to_string());
     // Within the first stripe unit: the whole range is `small_volumes_writable_throughout`.
     qemu_io(&v2_uri, &["write -P 0x2 0 4k", "read -P 0x2 0 4k"]);
     cluster.floe(&["volume", "delete", "v2"]);
-    let list = cluster.floe(&["volume", "list"]);
-    assert!(row(&list, "v2").is_none(), "v2 still listed:\n{list}");
+    let list = cluster.floe_json(&["volume", "list"]);
+    assert!(volume(&list, "v2").is_none(), "v2 still listed:\n{list}");
     let gone = output(Command::new("nbdinfo").args(["--size", &v2_uri]));
     assert!(!gone.status.success(), "deleted v2 still exported");
     assert_refused(&floe_output(&cluster, &["volume", "delete", "v2"]), "v2");

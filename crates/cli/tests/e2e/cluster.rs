@@ -269,19 +269,13 @@ impl Cluster {
     /// Chunk server id -> its demo index, from the addresses in `floe status`: cs-n
     /// listens on port + 1 + n.
     pub fn server_indexes(&self) -> BTreeMap<u32, usize> {
-        let status = self.floe(&["status"]);
+        let status = self.floe_json(&["status"]);
         let mut index_of = BTreeMap::new();
-        for line in status.lines() {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if let [id, _host, address, ..] = fields[..] {
-                let port = address
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| p.parse::<u16>().ok());
-                if let (Ok(id), Some(port)) = (id.parse::<u32>(), port) {
-                    index_of.insert(id, (port - self.port - 1) as usize);
-                }
-            }
+        for server in status["servers"].as_array().expect("servers") {
+            let address = server["address"].as_str().expect("an address");
+            let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
+            let id = server["id"].as_u64().expect("an id") as u32;
+            index_of.insert(id, (port - self.port - 1) as usize);
         }
         index_of
     }
@@ -289,29 +283,14 @@ impl Cluster {
     /// Chunk index -> the chunk servers (by demo index) the master lists for it.
     pub fn placement(&self) -> BTreeMap<u64, Vec<usize>> {
         let index_of = self.server_indexes();
-        let info = self.floe(&["volume", "info", "demo"]);
+        let info = self.floe_json(&["volume", "info", "demo"]);
         let mut out = BTreeMap::new();
-        for line in info.lines() {
-            let Some(rest) = line.trim().strip_prefix("chunk ") else {
-                continue;
-            };
-            let Some((Ok(index), rest)) = rest
-                .split_once(':')
-                .map(|(index, rest)| (index.trim().parse::<u64>(), rest))
-            else {
-                continue; // "chunk size: ..."
-            };
-            let servers = rest.split_whitespace().nth(1).expect("servers field");
-            let holders = servers
-                .split(',')
-                .map(|id| {
-                    index_of[&id
-                        .trim_end_matches("(stale)")
-                        .parse::<u32>()
-                        .expect("a server id")]
-                })
+        for chunk in info["chunks"].as_array().expect("chunks") {
+            let holders = ids(&chunk["servers"])
+                .iter()
+                .map(|id| index_of[id])
                 .collect();
-            out.insert(index, holders);
+            out.insert(chunk["index"].as_u64().expect("an index"), holders);
         }
         out
     }
@@ -334,6 +313,26 @@ impl Cluster {
         }
         command
     }
+
+    /// Runs `floe ARGS --json` against this cluster's master; returns the document.
+    pub fn floe_json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.floe(&[args, &["--json"]].concat());
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("floe {args:?} --json: {e}: {out}"))
+    }
+}
+
+/// A JSON array of server ids.
+pub fn ids(array: &serde_json::Value) -> Vec<u32> {
+    let ids = array.as_array().expect("an array of ids");
+    ids.iter()
+        .map(|id| id.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+/// The volume named `name` in a `floe volume list --json` document.
+pub fn volume<'a>(list: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    let volumes = list["volumes"].as_array().expect("volumes");
+    volumes.iter().find(|v| v["name"] == name)
 }
 
 impl Drop for Cluster {

@@ -1,7 +1,7 @@
 //! The volume suite with the master's metadata in a real etcd (started here on
 //! loopback): I/O, allocation map, a whole-cluster restart, and the volume list.
 
-use crate::cluster::{free_ports, ok, Cluster};
+use crate::cluster::{free_ports, ok, volume, Cluster};
 use crate::io_helpers::qemu_io;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -162,12 +162,10 @@ fn etcd_backed_cluster_io_map_restart_and_list() {
     let after = ok(Command::new("nbdinfo").args(["--map", cluster.uri()]));
     assert_eq!(after, map, "allocation map changed across restart");
 
-    let list = cluster.floe(&["volume", "list"]);
-    let demo = list
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some("demo"))
-        .unwrap_or_else(|| panic!("demo missing from volume list:\n{list}"));
-    assert!(demo.contains("1.0 GiB"), "{list}");
+    let list = cluster.floe_json(&["volume", "list"]);
+    let demo =
+        volume(&list, "demo").unwrap_or_else(|| panic!("demo missing from volume list:\n{list}"));
+    assert_eq!(demo["size_bytes"], 1u64 << 30, "{list}");
     drop(cluster);
     drop(etcd);
 }

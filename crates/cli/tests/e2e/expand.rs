@@ -11,7 +11,7 @@
 //! moments while chunks move: the moves finish after the restarts, and fio's data and
 //! the fill verify.
 
-use crate::cluster::{free_ports, Cluster, FLOE};
+use crate::cluster::{free_ports, ids, Cluster, FLOE};
 use crate::fio_job::{assert_random_and_fill_verify, json_report, write_fill, FioJob, Verify};
 use crate::io_helpers::qemu_io;
 use std::collections::{BTreeMap, BTreeSet};
@@ -54,71 +54,43 @@ fn p99_and_iops(out: &std::process::Output, what: &str) -> (f64, f64) {
     (p99 / 1000.0, write["iops"].as_f64().unwrap_or(0.0))
 }
 
-/// Chunk index -> what `field` makes of the rest of its `floe volume info` line.
-fn chunk_lines<T>(cluster: &Cluster, field: impl Fn(&str) -> Option<T>) -> BTreeMap<u64, T> {
-    cluster
-        .floe(&["volume", "info", "demo"])
-        .lines()
-        .filter_map(|line| {
-            let rest = line.trim().strip_prefix("chunk ")?;
-            let (index, rest) = rest.split_once(':')?;
-            Some((index.trim().parse().ok()?, field(rest)?))
-        })
+/// Chunk index -> what `field` makes of its entry in `floe volume info --json`.
+fn chunk_fields<T>(cluster: &Cluster, field: impl Fn(&serde_json::Value) -> T) -> BTreeMap<u64, T> {
+    let info = cluster.floe_json(&["volume", "info", "demo"]);
+    let chunks = info["chunks"].as_array().expect("chunks");
+    chunks
+        .iter()
+        .map(|c| (c["index"].as_u64().expect("an index"), field(c)))
         .collect()
 }
 
 /// Chunk index -> server ids, from `floe volume info`.
 fn chunk_servers(cluster: &Cluster) -> BTreeMap<u64, Vec<u32>> {
-    chunk_lines(cluster, |rest| {
-        let servers = rest.split_whitespace().nth(1)?;
-        Some(
-            servers
-                .split(',')
-                .map(|id| id.trim_end_matches("(stale)").parse().unwrap())
-                .collect(),
-        )
-    })
+    chunk_fields(cluster, |c| ids(&c["servers"]))
 }
 
 /// Chunk index -> placement group, from `floe volume info`.
 fn pgs(cluster: &Cluster) -> BTreeMap<u64, u32> {
-    chunk_lines(cluster, |rest| {
-        rest.split_once(" pg ")?.1.trim().parse().ok()
-    })
+    chunk_fields(cluster, |c| c["pg"].as_u64().expect("a pg") as u32)
 }
 
 /// Ids of the chunk servers on `hosts`, from `floe status`.
 fn servers_on(cluster: &Cluster, hosts: &[&str]) -> BTreeSet<u32> {
-    cluster
-        .floe(&["status"])
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            match fields[..] {
-                [id, host, ..] if hosts.contains(&host) => id.parse().ok(),
-                _ => None,
-            }
-        })
+    let status = cluster.floe_json(&["status"]);
+    let servers = status["servers"].as_array().expect("servers");
+    servers
+        .iter()
+        .filter(|s| hosts.iter().any(|h| s["host"] == *h))
+        .map(|s| s["id"].as_u64().expect("an id") as u32)
         .collect()
 }
 
-/// "moves: 3 chunks moved, 192.0 MiB copied, ..." -> (3, bytes).
-pub(crate) fn moves(status: &str) -> (u64, f64) {
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("moves:"))
-        .expect("a moves line");
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let chunks = words[1].parse().unwrap();
-    let amount: f64 = words[4].parse().unwrap();
-    let unit = match words[5] {
-        "B" => 1.0,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        other => panic!("unit {other} in {line}"),
-    };
-    (chunks, amount * unit)
+/// Chunks moved and bytes copied by moves so far, from `floe status`.
+pub(crate) fn moves(cluster: &Cluster) -> (u64, f64) {
+    let rebalance = &cluster.floe_json(&["status"])["rebalance"];
+    let moved = rebalance["moved_chunks"].as_u64().expect("moved_chunks");
+    let bytes = rebalance["bytes_moved"].as_f64().expect("bytes_moved");
+    (moved, bytes)
 }
 
 /// Processes the test starts beside the demo's (the new hosts' chunk servers, a
@@ -223,9 +195,13 @@ fn remap_and_merge(cluster: &Cluster, new_ids: &BTreeSet<u32>) {
     let before = chunk_servers(cluster);
     let groups = pgs(cluster);
     let pg = groups[&0];
-    let remap = cluster.floe(&["pg", "remap", &pg.to_string(), "1"]);
+    // --wait: back once every chunk is where the new map places it.
+    let remap = cluster.floe(&["pg", "remap", &pg.to_string(), "1", "--wait"]);
     assert!(remap.contains("cluster map epoch"), "{remap}");
-    cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
+    assert!(
+        remap.contains("every chunk is where the map places it"),
+        "{remap}"
+    );
     let after = chunk_servers(cluster);
     for (index, servers) in &after {
         if groups[index] == pg {
@@ -241,11 +217,14 @@ fn remap_and_merge(cluster: &Cluster, new_ids: &BTreeSet<u32>) {
             );
         }
     }
-    let (remapped, _) = moves(&cluster.floe(&["status"]));
-    let merge = cluster.floe(&["layer", "merge", "0", "1"]);
+    let (remapped, _) = moves(cluster);
+    let merge = cluster.floe(&["layer", "merge", "0", "1", "--wait"]);
     assert!(merge.contains("layers 0 and 1 merged"), "{merge}");
-    cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
-    let (moved, bytes) = moves(&cluster.floe(&["status"]));
+    assert!(
+        merge.contains("every chunk is where the map places it"),
+        "{merge}"
+    );
+    let (moved, bytes) = moves(cluster);
     println!(
         "expand (mapx): pg remap {pg} 1 moved {remapped} chunks; layer merge 0 1 moved {} more \
          ({:.1} MiB in all)",
@@ -298,7 +277,7 @@ fn expand_under_fio(placement: &str) {
     let during = writer.wait_with_output().expect("fio runs");
     let (p99, iops) = p99_and_iops(&during, "random writes during the expansion");
     let after = chunk_servers(&cluster);
-    let (moved, bytes) = moves(&cluster.floe(&["status"]));
+    let (moved, bytes) = moves(&cluster);
 
     match placement {
         "mapx" => {
@@ -397,7 +376,7 @@ fn crush_moves_survive_kill_of_the_master_and_of_a_new_server() {
     let victim = rng.gen_range(0..NEW_HOSTS.len() * 2);
     extra.kill_and_restart(victim);
     cluster.wait_for_redundancy(MOVE_TIMEOUT);
-    let (moved, _) = moves(&cluster.floe(&["status"]));
+    let (moved, _) = moves(&cluster);
     let during = writer.wait_with_output().expect("fio runs");
     p99_and_iops(&during, "random writes through the kills");
     assert_verifies(&cluster, work.path());

@@ -321,11 +321,11 @@ impl Rig {
     }
 
     fn volume_id(&self, name: &str) -> u64 {
-        let info = self.floe(&["volume", "info", name]);
-        info.lines()
-            .find_map(|line| line.strip_prefix("id:"))
-            .and_then(|id| id.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no id in `floe volume info {name}`:\n{info}"))
+        let info = self.floe(&["volume", "info", name, "--json"]);
+        let info: serde_json::Value = serde_json::from_str(&info).expect("JSON");
+        info["id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no id in `floe volume info {name} --json`:\n{info}"))
     }
 }
 

@@ -2,6 +2,7 @@
 //! write (qemu-img, qemu-io, nbdinfo, nbdcopy, nbdsh, fio, nbdfuse + ext4).
 
 mod bad_input;
+mod cli_ux;
 mod clients;
 mod cluster;
 mod crash;

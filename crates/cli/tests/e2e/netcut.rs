@@ -4,7 +4,7 @@
 //! once the cut heals, it catches up by incremental repair from a peer's journal lite,
 //! not by a whole copy, and scrub finds the replicas equal.
 
-use crate::cluster::{ok, Cluster};
+use crate::cluster::{ids, ok, Cluster};
 use crate::io_helpers::qemu_io;
 use std::process::Command;
 use std::time::Duration;
@@ -110,10 +110,12 @@ fn cut_off_replica_catches_up_incrementally() {
         let _cut = Cut::port(port);
         let commands: Vec<&str> = writes.iter().map(String::as_str).collect();
         qemu_io(&uri, &commands);
-        let info = cluster.floe(&["volume", "info", "demo"]);
+        let info = cluster.floe_json(&["volume", "info", "demo"]);
+        let chunks = info["chunks"].as_array().expect("chunks");
         assert!(
-            info.lines()
-                .any(|l| l.contains("chunk      0:") && l.contains("(stale)")),
+            chunks
+                .iter()
+                .any(|c| c["index"] == 0 && !ids(&c["stale"]).is_empty()),
             "the cut-off replica of chunk 0 is not marked stale:\n{info}"
         );
         // The master tries to repair it meanwhile, and cannot reach it.

@@ -2,7 +2,7 @@
 //! clears a volume's limits, and a real master throttling a volume's writes when a
 //! chunk server holding its chunks reports a nearly full journal.
 
-use crate::cluster::{free_ports, output, Cluster, FLOE};
+use crate::cluster::{free_ports, output, volume, Cluster, FLOE};
 use crate::fio_job::{interrupt, iops_log, json_report, FioJob, IopsSample};
 use crate::io_helpers::{floe_output, text, wait_for_file};
 use floe_client::master::MasterClient;
@@ -130,15 +130,10 @@ fn limits_hold_fio_and_follow_changes_without_reopening() {
         "--bandwidth",
         "10M",
     ]);
-    let list = cluster.floe(&["volume", "list"]);
-    let capped = list
-        .lines()
-        .find(|l| l.starts_with("capped "))
-        .unwrap_or_else(|| panic!("{list}"));
-    assert!(
-        capped.contains(" 100 ") && capped.contains("10.0 MiB/s"),
-        "{list}"
-    );
+    let list = cluster.floe_json(&["volume", "list"]);
+    let capped = volume(&list, "capped").unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(capped["qos"]["iops"], 100, "{list}");
+    assert_eq!(capped["qos"]["bytes_per_second"], 10u64 << 20, "{list}");
     cluster.floe(&["volume", "set-qos", "capped", "--bandwidth", "unlimited"]);
     let info = cluster.floe(&["volume", "info", "capped"]);
     assert!(

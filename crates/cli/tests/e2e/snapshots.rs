@@ -345,7 +345,7 @@ fn a_snapshot_reads_the_same_after_an_expansion_moved_its_chunks() {
         "fio writing B during the expansion",
     );
     cluster.wait_for_status("every chunk is where the map places it", MOVE_TIMEOUT);
-    let (moved, bytes) = moves(&cluster.floe(&["status"]));
+    let (moved, bytes) = moves(&cluster);
     assert!(moved > 0, "the expansion moved no chunk");
     assert!(
         same(&expected, &format!("{uri}@before")),

@@ -6,7 +6,7 @@
 
 use super::scrub::{check_chunk, chunks_of};
 use crate::Master;
-use floe_protocol::{ChunkId, ScrubReport, ScrubStatus, ServerId};
+use floe_protocol::{ChunkId, ScrubReport, ScrubStatus, ServerId, VolumeScrub};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,6 +48,30 @@ pub(crate) struct Integrity {
     /// Blocks found lost so far (volume, offset): a block every later scrub finds
     /// lost again counts once.
     lost: Mutex<BTreeSet<(String, u64)>>,
+    /// Operators' scrubs under way, each one's own entry (a volume may be scrubbed
+    /// twice at once).
+    manual: Mutex<BTreeMap<u64, VolumeScrub>>,
+    next_manual: std::sync::atomic::AtomicU64,
+}
+
+/// An operator's scrub in `floe status` until dropped.
+pub(crate) struct ManualScrub<'a> {
+    integrity: &'a Integrity,
+    id: u64,
+}
+
+impl ManualScrub<'_> {
+    pub(crate) fn checked(&self, chunks: u64) {
+        if let Some(entry) = self.integrity.manual.lock().unwrap().get_mut(&self.id) {
+            entry.chunks_checked = chunks;
+        }
+    }
+}
+
+impl Drop for ManualScrub<'_> {
+    fn drop(&mut self) {
+        self.integrity.manual.lock().unwrap().remove(&self.id);
+    }
 }
 
 impl Integrity {
@@ -62,11 +86,31 @@ impl Integrity {
                 ..ScrubStatus::default()
             }),
             lost: Mutex::default(),
+            manual: Mutex::default(),
+            next_manual: Default::default(),
         }
     }
 
     pub(crate) fn status(&self) -> ScrubStatus {
-        self.status.lock().unwrap().clone()
+        let mut status = self.status.lock().unwrap().clone();
+        status.volumes = self.manual.lock().unwrap().values().cloned().collect();
+        status
+    }
+
+    /// Shows an operator's scrub of `chunks_total` chunks of `volume` as under way.
+    pub(crate) fn manual(&self, volume: &str, chunks_total: u64) -> ManualScrub<'_> {
+        use std::sync::atomic::Ordering;
+        let id = self.next_manual.fetch_add(1, Ordering::Relaxed);
+        let entry = VolumeScrub {
+            volume: volume.to_string(),
+            chunks_checked: 0,
+            chunks_total,
+        };
+        self.manual.lock().unwrap().insert(id, entry);
+        ManualScrub {
+            integrity: self,
+            id,
+        }
     }
 
     /// Adds what a scrub found to the totals.

@@ -20,8 +20,11 @@ use std::time::Duration;
 pub(crate) async fn scrub(master: &Master, name: &str) -> Result<ScrubReport, Failure> {
     let volume = master.state().volume(name)?;
     let mut report = ScrubReport::default();
-    for index in chunks_of(master, volume.id) {
+    let chunks = chunks_of(master, volume.id);
+    let progress = master.integrity.manual(name, chunks.len() as u64);
+    for (done, index) in chunks.into_iter().enumerate() {
         check_chunk(master, &volume, index, &mut report).await;
+        progress.checked(done as u64 + 1);
     }
     Ok(report)
 }

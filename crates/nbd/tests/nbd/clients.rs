@@ -304,6 +304,11 @@ for structured in (True, False):
     h.trim(8192, base + 4096)
     assert h.pread(12288, base) == bytes(12288)
     assert h.pread(len(data) - 12288, base + 12288) == data[12288:]
+    # FAST_ZERO is advertised and honoured, inside one block too.
+    assert h.can_fast_zero()
+    h.zero(100, base + 20000, nbd.CMD_FLAG_FAST_ZERO)
+    assert h.pread(200, base + 19950) == data[19950:20000] + bytes(100) + data[20100:20150]
+    h.pwrite(data[20000:20100], base + 20000)
     big = os.urandom(32 * MIB)
     h.pwrite(big, 32 * MIB)
     assert h.pread(32 * MIB, 32 * MIB) == big

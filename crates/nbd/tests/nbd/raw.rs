@@ -48,8 +48,8 @@ const EINVAL: u32 = 22;
 const ENOSPC: u32 = 28;
 
 /// Transmission flags every export must carry: HAS_FLAGS, SEND_FLUSH, SEND_FUA,
-/// SEND_TRIM, SEND_WRITE_ZEROES, CAN_MULTI_CONN, SEND_CACHE.
-const BASE_FLAGS: u16 = 1 | 1 << 2 | 1 << 3 | 1 << 5 | 1 << 6 | 1 << 8 | 1 << 10;
+/// SEND_TRIM, SEND_WRITE_ZEROES, CAN_MULTI_CONN, SEND_CACHE, SEND_FAST_ZERO.
+const BASE_FLAGS: u16 = 1 | 1 << 2 | 1 << 3 | 1 << 5 | 1 << 6 | 1 << 8 | 1 << 10 | 1 << 11;
 const SEND_DF: u16 = 1 << 7;
 
 struct Raw(TcpStream);
