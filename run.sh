@@ -13,7 +13,7 @@ mkdir -p "$bin_dir"
 # A link, so a rebuild is what `floe` runs.
 ln -sf "$floe" "$bin_dir/floe"
 case ":$PATH:" in
-  *":$bin_dir:"*) echo "floe: $bin_dir/floe (try \`floe status\` in another terminal)" ;;
+  *":$bin_dir:"*) echo "floe: $bin_dir/floe (try \`. floe-data/env; floe status\` in another terminal)" ;;
   *) echo "floe: $bin_dir/floe; $bin_dir is not on your PATH: add it, or run $floe" ;;
 esac
 exec "$floe" demo "$@"
