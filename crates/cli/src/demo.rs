@@ -2,14 +2,15 @@
 //! killed: a master on the embedded store, six chunk servers on three emulated hosts
 //! (an `ssd` and an `hdd` device each) and a gateway, plus a ready volume.
 //!
-//! Writes `DIR/demo.json` with the processes' PIDs and the NBD URI, for scripts and
-//! tests; each process logs to `DIR/logs/NAME.log`.
+//! Writes `DIR/demo.json` with the processes' PIDs, the NBD URI and each process's
+//! metrics URL, for scripts and tests; each process logs to `DIR/logs/NAME.log`.
 
 use crate::size;
 use floe_client::master::MasterClient;
 use floe_protocol::connection::CallError;
 use floe_protocol::{PlacementMode, Status, VolumeMode, VolumeSpec, WriteMode};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ pub struct Options {
     pub write_mode: WriteMode,
     pub emulate_hdd: bool,
     pub journal_quota: u64,
+    pub no_metrics: bool,
 }
 
 /// (host, device class) of each chunk server.
@@ -51,16 +53,35 @@ struct DemoFile {
     master_pids: Vec<u32>,
     chunkserver_pids: Vec<u32>,
     gateway_pid: u32,
+    /// Each process's `/metrics` URL, by its log's name; empty with `--no-metrics`.
+    metrics: BTreeMap<String, String>,
 }
 
 struct Process {
     name: String,
     child: Child,
     exited: bool,
+    /// Where it serves its metrics.
+    metrics: Option<String>,
 }
 
 impl Process {
-    fn spawn(name: &str, args: &[String], logs: &Path) -> Result<Process, String> {
+    /// Starts `floe ARGS`, which listens on `listen`.
+    fn spawn(
+        name: &str,
+        args: &[String],
+        listen: &str,
+        options: &Options,
+        logs: &Path,
+    ) -> Result<Process, String> {
+        let mut arguments = args.to_vec();
+        let metrics = match options.no_metrics {
+            true => {
+                arguments.extend(self::args(&["--metrics-listen", "off"]));
+                None
+            }
+            false => crate::metrics::default_address(listen).map(|a| format!("http://{a}/metrics")),
+        };
         let log_path = logs.join(format!("{name}.log"));
         let log = OpenOptions::new()
             .create(true)
@@ -70,7 +91,7 @@ impl Process {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut command = Command::new(exe);
         command
-            .args(args)
+            .args(&arguments)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
@@ -92,6 +113,7 @@ impl Process {
             name: name.to_string(),
             child,
             exited: false,
+            metrics,
         })
     }
 
@@ -241,6 +263,8 @@ async fn start(
                 "--placement",
                 &options.placement.to_string(),
             ]),
+            listen,
+            options,
             logs,
         )?);
     }
@@ -275,6 +299,8 @@ async fn start(
         processes.push(Process::spawn(
             &format!("chunkserver-{i}"),
             &arguments,
+            &listen,
+            options,
             logs,
         )?);
     }
@@ -345,6 +371,8 @@ async fn start(
             "--master",
             master_address,
         ]),
+        &nbd_address,
+        options,
         logs,
     )?);
     // Ready when an NBD server greets on the port and our gateway is still running a
@@ -381,6 +409,10 @@ async fn start(
             .map(|p| p.child.id())
             .collect(),
         gateway_pid: processes.last().expect("gateway").child.id(),
+        metrics: processes
+            .iter()
+            .filter_map(|p| Some((p.name.clone(), p.metrics.clone()?)))
+            .collect(),
     };
     let json = serde_json::to_vec_pretty(&file).expect("demo file serializes");
     std::fs::write(dir.join("demo.json"), json).map_err(|e| e.to_string())?;
@@ -391,6 +423,13 @@ async fn start(
         "  logs: {}   status: floe status --master {master_address}",
         logs.display()
     );
+    if let Some(gateway) = file.metrics.get("gateway") {
+        println!("  per-volume I/O: floe top --metrics {gateway}");
+        println!("  metrics:");
+        for (name, url) in &file.metrics {
+            println!("    {name:<14} {url}");
+        }
+    }
     println!(
         "  Ctrl-C stops the cluster; data stays in {}",
         dir.display()

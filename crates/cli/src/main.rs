@@ -3,10 +3,12 @@
 mod admin;
 mod cluster;
 mod demo;
+mod metrics;
 mod placement;
 mod progress;
 mod size;
 mod snapshot;
+mod top;
 
 use clap::{Parser, Subcommand};
 use floe_client::master::MasterClient;
@@ -71,6 +73,9 @@ enum Command {
         /// system, and journals are allocated when a server starts.
         #[arg(long, value_parser = size::parse, default_value = "256M")]
         journal_quota: u64,
+        /// Start every process with `--metrics-listen off`.
+        #[arg(long)]
+        no_metrics: bool,
     },
     /// Run the master.
     Master {
@@ -107,6 +112,8 @@ enum Command {
         /// (0: unlimited).
         #[arg(long, default_value_t = floe_master::reclaim::ReclaimSettings::default().chunks_per_second)]
         snapshot_free_rate: u32,
+        #[command(flatten)]
+        metrics: metrics::MetricsArgs,
     },
     /// Run a chunk server on one data directory (`floe chunkserver --dir ...`), or
     /// administer one (`floe chunkserver mark-lost ID`).
@@ -133,6 +140,8 @@ enum Command {
         /// volume, e.g. 2s; reads never go back in time.
         #[arg(long, requires = "read_only", value_parser = humantime::parse_duration)]
         staleness: Option<std::time::Duration>,
+        #[command(flatten)]
+        metrics: metrics::MetricsArgs,
     },
     /// Manage volumes.
     #[command(subcommand)]
@@ -156,6 +165,8 @@ enum Command {
     /// Layers of the cluster map (mapx).
     #[command(subcommand)]
     Layer(cluster::LayerCommand),
+    /// Live per-volume I/O of the gateways (IOPS, MB/s, latency), from their metrics.
+    Top(top::TopArgs),
 }
 
 #[derive(clap::Args)]
@@ -182,6 +193,8 @@ struct ChunkserverArgs {
     /// tenth of its file system, at most 2 GiB.
     #[arg(long, value_parser = size::parse)]
     journal_quota: Option<u64>,
+    #[command(flatten)]
+    metrics: metrics::MetricsArgs,
 }
 
 #[derive(Subcommand)]
@@ -380,6 +393,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             write_mode,
             emulate_hdd,
             journal_quota,
+            no_metrics,
         } => {
             demo::run(demo::Options {
                 dir,
@@ -393,6 +407,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 write_mode,
                 emulate_hdd,
                 journal_quota,
+                no_metrics,
             })
             .await
         }
@@ -407,7 +422,9 @@ async fn execute(cli: Cli) -> Result<(), String> {
             scrub_interval,
             scrub_rate,
             snapshot_free_rate,
+            metrics,
         } => {
+            metrics.start(&listen).await?;
             let settings = floe_master::Settings {
                 recovery: floe_master::recovery::Limits {
                     concurrency: recovery_concurrency.max(1),
@@ -446,9 +463,11 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     emulate_hdd,
                     journals,
                     journal_quota,
+                    metrics,
                 }),
             ..
         } => {
+            metrics.start(&listen).await?;
             let capacity_bytes = match capacity {
                 Some(c) => c,
                 None => filesystem_bytes(&dir)?,
@@ -491,7 +510,9 @@ async fn execute(cli: Cli) -> Result<(), String> {
             read_only,
             unretired_limit,
             staleness,
+            metrics,
         } => {
+            metrics.start(&listen).await?;
             let listener = bind(&listen).await?;
             let options = floe_gateway::Options {
                 read_only,
@@ -551,6 +572,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
         Command::Cluster(command) => cluster::cluster(&master, command).await,
         Command::Pg(command) => cluster::pg(&master, command).await,
         Command::Layer(command) => cluster::layer(&master, command).await,
+        Command::Top(args) => top::run(args),
     }
 }
 

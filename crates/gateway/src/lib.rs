@@ -1,9 +1,11 @@
 //! The gateway: exports Floe volumes over NBD. Each export name is a volume name
 //! (or one of its read-only forms, see `export_name`); a volume opened by several
 //! NBD connections at once is one shared client stack, so every connection sees the
-//! same chunk allocations.
+//! same chunk allocations. Every stack is measured on top (`measured`: the
+//! per-volume request metrics `/metrics` serves).
 
 mod export_name;
+pub mod measured;
 
 use export_name::ExportName;
 
@@ -99,6 +101,7 @@ impl Exports for VolumeExports {
                 floe_client::open_volume(self.master.clone(), volume, access).await?
             }
         };
+        let device: Arc<dyn BlockDevice> = Arc::new(measured::Measured::new(device, name));
         open.retain(|_, d| d.strong_count() > 0);
         open.insert(name.to_string(), Arc::downgrade(&device));
         Ok(device)
