@@ -121,6 +121,8 @@ enum Command {
     Chunkserver {
         #[command(flatten)]
         run: Option<ChunkserverArgs>,
+        #[command(flatten)]
+        metrics: metrics::MetricsArgs,
         #[command(subcommand)]
         admin: Option<ChunkserverCommand>,
     },
@@ -193,8 +195,6 @@ struct ChunkserverArgs {
     /// tenth of its file system, at most 2 GiB.
     #[arg(long, value_parser = size::parse)]
     journal_quota: Option<u64>,
-    #[command(flatten)]
-    metrics: metrics::MetricsArgs,
 }
 
 #[derive(Subcommand)]
@@ -463,8 +463,8 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     emulate_hdd,
                     journals,
                     journal_quota,
-                    metrics,
                 }),
+            metrics,
             ..
         } => {
             metrics.start(&listen).await?;

@@ -169,7 +169,11 @@ pub fn run(args: TopArgs) -> Result<(), String> {
         }
         let mut stdout = std::io::stdout().lock();
         // A reader that went away (`floe top | head`) ends the view quietly.
-        if stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush()).is_err() {
+        if stdout
+            .write_all(text.as_bytes())
+            .and_then(|_| stdout.flush())
+            .is_err()
+        {
             return Ok(());
         }
         before = now;
@@ -186,7 +190,10 @@ mod tests {
         let labels = [("volume", "v"), ("op", "write"), ("le", le)];
         Sample {
             name: format!("{REQUEST_DURATION}_bucket"),
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             value,
         }
     }
@@ -195,7 +202,11 @@ mod tests {
     fn quantiles_interpolate_within_the_bucket_of_the_delta() {
         let mut before = Totals::default();
         let mut now = Totals::default();
-        for (le, was, is) in [("0.001", 10.0, 10.0), ("0.002", 10.0, 110.0), ("+Inf", 10.0, 110.0)] {
+        for (le, was, is) in [
+            ("0.001", 10.0, 10.0),
+            ("0.002", 10.0, 110.0),
+            ("+Inf", 10.0, 110.0),
+        ] {
             before.add(&bucket(le, was));
             now.add(&bucket(le, is));
         }

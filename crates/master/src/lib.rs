@@ -23,10 +23,10 @@
 
 mod chunks;
 mod clones;
+mod exported;
 mod lease;
 mod map;
 mod membership;
-mod exported;
 pub mod qos;
 pub mod reclaim;
 pub mod recovery;
