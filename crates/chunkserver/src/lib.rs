@@ -2,10 +2,12 @@
 //! protocol, runs the replica side of the replication protocol (versions, views,
 //! fencing: see [`replica`]), forwards a primary's changes to its backups, repairs
 //! replicas from peers ([`repair`]), and keeps itself registered with the master.
+//! [`exported`] is what it serves at `/metrics`.
 //!
 //! One single-threaded event loop owns the connections and commits the log (Vitastor's
 //! habit on few cores), so the replica state below is never contended.
 
+mod exported;
 mod heal;
 mod repair;
 pub mod replica;
@@ -182,7 +184,8 @@ pub async fn run(config: Config) -> Result<(), String> {
     )
     .await
     .map_err(|e| format!("cannot finish a repair in {}: {e}", config.dir.display()))?;
-    server::serve(listener, server)
+    // Requests are measured here, in the process only: the simulator runs `start`.
+    server::serve(listener, Arc::new(exported::Measured::new(server)))
         .await
         .map_err(|e| format!("accept failed: {e}"))
 }
@@ -237,6 +240,7 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
     let mut beats = 0u32;
     let mut deleted: BTreeSet<u64> = BTreeSet::new();
     let mut corrupt_blocks = Vec::new();
+    let gauges = exported::StoreGauges::new();
     let mut interval = tokio::time::interval(HEARTBEAT_INTERVAL);
     loop {
         interval.tick().await;
@@ -249,6 +253,7 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                 }
                 // The master slows writers before the journals fill.
                 let (journal_used_bytes, journal_quota_bytes) = store.journal_usage();
+                gauges.sample(store, journal_used_bytes, journal_quota_bytes);
                 // Kept until a heartbeat carrying them is acknowledged.
                 corrupt_blocks.extend(store.take_corrupt());
                 MasterRequest::Heartbeat {

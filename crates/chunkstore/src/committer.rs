@@ -82,7 +82,12 @@ pub(crate) struct Committer {
     pub(crate) unsynced: Vec<Unsynced>,
     /// How long unsynced changes may wait for a sync when nothing else comes.
     pub(crate) sync_interval: Duration,
+    /// Each log fdatasync's latency, for `/metrics` (a group commit's cost).
+    fsync_duration: metrics::Histogram,
 }
+
+/// Latency of the group commits' log fdatasyncs (data directory or journal).
+const FSYNC_DURATION: &str = "floe_chunkstore_fsync_duration_seconds";
 
 impl Committer {
     pub(crate) fn new(logs: Vec<LogFile>, files: Arc<Files>) -> Committer {
@@ -98,6 +103,7 @@ impl Committer {
             failed: None,
             unsynced: Vec::new(),
             sync_interval: Duration::MAX,
+            fsync_duration: metrics::histogram!(FSYNC_DURATION),
         }
     }
 
@@ -231,7 +237,9 @@ impl Committer {
         }
         log.file.write_all_at(&self.buffer, log.position)?;
         if sync {
+            let started = std::time::Instant::now();
             log.file.sync_data()?;
+            self.fsync_duration.record(started.elapsed());
         }
         if let Some((first, last)) = seqs {
             log.appended(first, last);

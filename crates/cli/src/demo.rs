@@ -2,10 +2,11 @@
 //! killed: a master on the embedded store, six chunk servers on three emulated hosts
 //! (an `ssd` and an `hdd` device each) and a gateway, plus a ready volume.
 //!
-//! Writes `DIR/demo.json` with the processes' PIDs and the NBD URI, for scripts and
-//! tests, and `DIR/env`, the CLI's settings for this cluster; each process logs to
-//! `DIR/logs/NAME.log`. Unless `--plain`, every connection between the processes is
-//! TLS, with a CA and certificates made in `DIR/certs` on the first start.
+//! Writes `DIR/demo.json` with the processes' PIDs, the NBD URI and each process's
+//! metrics URL, for scripts and tests, and `DIR/env`, the CLI's settings for this
+//! cluster; each process logs to `DIR/logs/NAME.log`. Unless `--plain`, every
+//! connection between the processes is TLS, with a CA and certificates made in
+//! `DIR/certs` on the first start.
 
 use crate::{cert, size};
 use floe_client::master::MasterClient;
@@ -13,6 +14,7 @@ use floe_protocol::connection::CallError;
 use floe_protocol::tls::Role;
 use floe_protocol::{PlacementMode, Status, VolumeMode, VolumeSpec, WriteMode};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -32,6 +34,7 @@ pub struct Options {
     pub emulate_hdd: bool,
     pub journal_quota: u64,
     pub plain: bool,
+    pub no_metrics: bool,
 }
 
 /// (host, device class) of each chunk server.
@@ -62,6 +65,8 @@ struct DemoFile {
     /// The cluster's certificates (`NAME.pem` per process, `admin.pem`, `ca.pem`),
     /// unless `--plain`.
     certs: Option<PathBuf>,
+    /// Each process's `/metrics` URL, by its log's name; empty with `--no-metrics`.
+    metrics: BTreeMap<String, String>,
 }
 
 /// The demo's certificates: one per process, and the operator's.
@@ -128,10 +133,27 @@ struct Process {
     name: String,
     child: Child,
     exited: bool,
+    /// Where it serves its metrics.
+    metrics: Option<String>,
 }
 
 impl Process {
-    fn spawn(name: &str, args: &[String], logs: &Path) -> Result<Process, String> {
+    /// Starts `floe ARGS`, which listens on `listen`.
+    fn spawn(
+        name: &str,
+        args: &[String],
+        listen: &str,
+        options: &Options,
+        logs: &Path,
+    ) -> Result<Process, String> {
+        let mut arguments = args.to_vec();
+        let metrics = match options.no_metrics {
+            true => {
+                arguments.extend(self::args(&["--metrics-listen", "off"]));
+                None
+            }
+            false => crate::metrics::default_address(listen).map(|a| format!("http://{a}/metrics")),
+        };
         let log_path = logs.join(format!("{name}.log"));
         let log = OpenOptions::new()
             .create(true)
@@ -141,7 +163,7 @@ impl Process {
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let mut command = Command::new(exe);
         command
-            .args(args)
+            .args(&arguments)
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
@@ -163,6 +185,7 @@ impl Process {
             name: name.to_string(),
             child,
             exited: false,
+            metrics,
         })
     }
 
@@ -309,8 +332,9 @@ async fn start(
 ) -> Result<(), String> {
     let dir = &options.dir;
     let logs = &dir.join("logs");
-    let spawn = |name: &str, args: Vec<String>| {
-        Process::spawn(name, &with_credentials(credentials, name, args), logs)
+    let spawn = |name: &str, args: Vec<String>, listen: &str| {
+        let args = with_credentials(credentials, name, args);
+        Process::spawn(name, &args, listen, options, logs)
     };
     let masters: Vec<&str> = master_address.split(',').collect();
     for (i, listen) in masters.iter().enumerate() {
@@ -330,6 +354,7 @@ async fn start(
                 "--placement",
                 &options.placement.to_string(),
             ]),
+            listen,
         )?);
     }
     println!(
@@ -360,7 +385,7 @@ async fn start(
         if *class == "hdd" {
             arguments.extend(hdd_arguments(options, host));
         }
-        processes.push(spawn(&format!("chunkserver-{i}"), arguments)?);
+        processes.push(spawn(&format!("chunkserver-{i}"), arguments, &listen)?);
     }
     let master = MasterClient::new(master_address);
     let deadline = Instant::now() + STARTUP_TIMEOUT;
@@ -429,6 +454,7 @@ async fn start(
             "--master",
             master_address,
         ]),
+        &nbd_address,
     )?);
     // Ready when an NBD server greets on the port and our gateway is still running a
     // moment later: another process may hold the port, and then ours exits.
@@ -465,6 +491,10 @@ async fn start(
             .collect(),
         gateway_pid: processes.last().expect("gateway").child.id(),
         certs: credentials.map(|c| c.dir.clone()),
+        metrics: processes
+            .iter()
+            .filter_map(|p| Some((p.name.clone(), p.metrics.clone()?)))
+            .collect(),
     };
     let json = serde_json::to_vec_pretty(&file).expect("demo file serializes");
     std::fs::write(dir.join("demo.json"), json).map_err(|e| e.to_string())?;
@@ -492,6 +522,13 @@ async fn start(
         logs.display(),
         env.display()
     );
+    if let Some(gateway) = file.metrics.get("gateway") {
+        println!("  per-volume I/O: floe top --metrics {gateway}");
+        println!("  metrics:");
+        for (name, url) in &file.metrics {
+            println!("    {name:<14} {url}");
+        }
+    }
     println!(
         "  Ctrl-C stops the cluster; data stays in {}",
         dir.display()

@@ -4,11 +4,13 @@ mod admin;
 mod cert;
 mod cluster;
 mod demo;
+mod metrics;
 mod placement;
 mod progress;
 mod size;
 mod snapshot;
 mod views;
+mod top;
 
 use clap::{Parser, Subcommand};
 use floe_client::master::MasterClient;
@@ -90,6 +92,9 @@ enum Command {
         /// makes in DIR/certs.
         #[arg(long)]
         plain: bool,
+        /// Start every process with `--metrics-listen off`.
+        #[arg(long)]
+        no_metrics: bool,
     },
     /// Run the master.
     Master {
@@ -128,6 +133,8 @@ enum Command {
         /// (0: unlimited).
         #[arg(long, default_value_t = floe_master::reclaim::ReclaimSettings::default().chunks_per_second)]
         snapshot_free_rate: u32,
+        #[command(flatten)]
+        metrics: metrics::MetricsArgs,
     },
     /// Run a chunk server on one data directory (`floe chunkserver --dir ...`), or
     /// administer one (`floe chunkserver mark-lost ID`).
@@ -135,6 +142,8 @@ enum Command {
     Chunkserver {
         #[command(flatten)]
         run: Option<ChunkserverArgs>,
+        #[command(flatten)]
+        metrics: metrics::MetricsArgs,
         #[command(subcommand)]
         admin: Option<ChunkserverCommand>,
     },
@@ -164,6 +173,8 @@ enum Command {
         /// are otherwise made to start TLS; without, refused).
         #[arg(long)]
         nbd_allow_plain: bool,
+        #[command(flatten)]
+        metrics: metrics::MetricsArgs,
     },
     /// Manage volumes.
     #[command(subcommand)]
@@ -199,6 +210,8 @@ enum Command {
     /// Layers of the cluster map (mapx).
     #[command(subcommand)]
     Layer(cluster::LayerCommand),
+    /// Live per-volume I/O of the gateways (IOPS, MB/s, latency), from their metrics.
+    Top(top::TopArgs),
 }
 
 #[derive(clap::Args)]
@@ -488,6 +501,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             emulate_hdd,
             journal_quota,
             plain,
+            no_metrics,
         } => {
             demo::run(demo::Options {
                 dir,
@@ -502,6 +516,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 emulate_hdd,
                 journal_quota,
                 plain,
+                no_metrics,
             })
             .await
         }
@@ -516,7 +531,9 @@ async fn execute(cli: Cli) -> Result<(), String> {
             scrub_interval,
             scrub_rate,
             snapshot_free_rate,
+            metrics,
         } => {
+            metrics.start(&listen).await?;
             let settings = floe_master::Settings {
                 recovery: floe_master::recovery::Limits {
                     concurrency: recovery_concurrency.max(1),
@@ -557,8 +574,10 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     journals,
                     journal_quota,
                 }),
+            metrics,
             ..
         } => {
+            metrics.start(&listen).await?;
             let capacity_bytes = match capacity {
                 Some(c) => c,
                 None => filesystem_bytes(&dir)?,
@@ -604,7 +623,9 @@ async fn execute(cli: Cli) -> Result<(), String> {
             staleness,
             nbd_access,
             nbd_allow_plain,
+            metrics,
         } => {
+            metrics.start(&listen).await?;
             let access = nbd_access
                 .map(|path| floe_gateway::AccessList::load(&path))
                 .transpose()?;
@@ -670,6 +691,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
         Command::Cluster(command) => cluster::cluster(&master, command).await,
         Command::Pg(command) => cluster::pg(&master, command).await,
         Command::Layer(command) => cluster::layer(&master, command).await,
+        Command::Top(args) => top::run(args),
     }
 }
 

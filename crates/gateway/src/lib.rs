@@ -1,11 +1,14 @@
 //! The gateway: exports Floe volumes over NBD. Each export name is a volume name
 //! (or one of its read-only forms, see `export_name`); a volume opened by several
 //! NBD connections at once is one shared client stack, so every connection sees the
-//! same chunk allocations. With TLS, NBD clients may start TLS (and must, unless on
-//! loopback or plain NBD is allowed), and an access list says who opens what.
+//! same chunk allocations. Every stack is measured on top (`measured`: the
+//! per-volume request metrics `/metrics` serves). With TLS, NBD clients may start TLS
+//! (and must, unless on loopback or plain NBD is allowed), and an access list says
+//! who opens what.
 
 mod access;
 mod export_name;
+pub mod measured;
 
 pub use access::AccessList;
 use export_name::ExportName;
@@ -135,6 +138,7 @@ impl Exports for VolumeExports {
                 floe_client::open_volume(self.master.clone(), volume, access).await?
             }
         };
+        let device: Arc<dyn BlockDevice> = Arc::new(measured::Measured::new(device, name));
         open.retain(|_, d| d.strong_count() > 0);
         open.insert(key, Arc::downgrade(&device));
         Ok(device)

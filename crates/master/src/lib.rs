@@ -13,6 +13,7 @@
 //! - [`map`]: the cluster map (expand, remap, shrink, merge).
 //! - [`status`]: `floe status`.
 //! - [`recovery`]: view changes that repair and move chunks, and scrub.
+//! - [`exported`]: the metrics the master exports at `/metrics`.
 //! - [`standby`]: several masters on one etcd store: one leads, the others stand by.
 //!
 //! [`state`] holds what the master knows and its keys in the metadata store (embedded
@@ -23,6 +24,7 @@
 mod access;
 mod chunks;
 mod clones;
+mod exported;
 mod lease;
 mod map;
 mod membership;
@@ -298,6 +300,7 @@ pub async fn start(
     peers: ConnectionPool,
 ) -> Result<Arc<Master>, String> {
     let master = Arc::new(Master::load(store, settings, peers).await?);
+    exported::register();
     tokio::spawn(recovery::run(master.clone()));
     tokio::spawn(recovery::heal_reported(master.clone()));
     tokio::spawn(recovery::background_scrub(master.clone()));

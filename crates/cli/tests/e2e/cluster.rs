@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 
 pub const FLOE: &str = env!("CARGO_BIN_EXE_floe");
 /// Ports each cluster takes: master, six chunk servers, two more masters (`--masters`),
-/// NBD.
-const PORTS_PER_CLUSTER: u16 = 10;
+/// NBD; then the same ten again for their metrics (each process's port + 10).
+const PORTS_PER_CLUSTER: u16 = 20;
+/// The NBD port, the last of the processes' ten.
+const NBD_PORT_OFFSET: u16 = 9;
 
 #[derive(Deserialize, Debug, Clone)]
 pub struct DemoFile {
@@ -25,6 +27,9 @@ pub struct DemoFile {
     pub gateway_pid: u32,
     /// The cluster's certificates, when it runs TLS.
     pub certs: Option<PathBuf>,
+    /// Each process's `/metrics` URL, by name (`master`, `chunkserver-N`, `gateway`).
+    #[serde(default)]
+    pub metrics: BTreeMap<String, String>,
 }
 
 pub struct Cluster {
@@ -156,7 +161,7 @@ impl Cluster {
             .args(["demo", "--dir"])
             .arg(dir)
             .args(["--port", &port.to_string()])
-            .args(["--nbd-port", &(port + PORTS_PER_CLUSTER - 1).to_string()])
+            .args(["--nbd-port", &(port + NBD_PORT_OFFSET).to_string()])
             .args(["--size", "1G"])
             .args(&args)
             .stdout(Stdio::piped())

@@ -20,6 +20,7 @@ mod io_helpers;
 mod mark_lost;
 mod master_outage;
 mod masters;
+mod metrics;
 mod nbd_raw;
 mod netcut;
 mod qos;

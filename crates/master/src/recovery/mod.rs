@@ -160,7 +160,7 @@ impl Progress {
 
 /// Which budget a job runs under.
 #[derive(Clone, Copy)]
-enum Kind {
+pub(crate) enum Kind {
     Repair,
     Move,
 }
@@ -243,6 +243,7 @@ pub async fn run(master: Arc<Master>) {
         let audits: Vec<(u64, u32)> = {
             let mut state = master.state();
             state.audit_lapsed_leases();
+            crate::exported::sample_leases(&state);
             state.audits.clone().into_iter().collect()
         };
         master.take_lapsed_snapshots().await;
@@ -283,21 +284,21 @@ pub async fn run(master: Arc<Master>) {
             degraded.chain(moves).collect()
         };
         for (kind, job) in jobs {
-            master
-                .progress(kind)
-                .counters
-                .lock()
-                .unwrap()
-                .in_progress
-                .insert(job);
+            let mut counters = master.progress(kind).counters.lock().unwrap();
+            counters.in_progress.insert(job);
+            crate::exported::recoveries_running(kind, counters.in_progress.len());
+            drop(counters);
             let master = master.clone();
             tokio::spawn(async move {
                 let started = Instant::now();
                 let limits = master.progress(kind).limits;
                 let result =
                     view_change::recover(&master, job.0, job.1, limits.bytes_per_second).await;
+                let bytes = result.as_ref().ok().map(|copied| copied.bytes);
+                crate::exported::recovered(kind, started.elapsed(), bytes);
                 let mut c = master.progress(kind).counters.lock().unwrap();
                 c.in_progress.remove(&job);
+                crate::exported::recoveries_running(kind, c.in_progress.len());
                 match result {
                     Ok(copied) => {
                         c.repaired += 1;

@@ -64,6 +64,7 @@ pub(super) async fn check_chunk(
         return;
     };
     let rotten = sums.iter().any(|s| !s.bad.is_empty());
+    crate::exported::scrubbed(&volume.spec.name, sums.iter().map(|s| s.bad.len()).sum());
     if rotten {
         report.differences += 1;
     }
