@@ -18,7 +18,8 @@ COLORS = {"device": "#888888", "nbdkit": "#4c72b0", "floe": "#dd8452", "floe-hyb
 EMULATED = "hdd emulated"
 RATIOS = [("floe", "nbdkit", None), ("floe", "ceph", None), ("floe", "device", None),
           ("floe-hybrid", "floe", f"hybrid/ssd ({EMULATED})"), ("floe-hdd", "floe", f"hdd/ssd ({EMULATED})"),
-          ("floe", "floe-unchecked", "checked/unchecked reads"), ("floe", "floe-no-metrics", "metrics on/off")]
+          ("floe", "floe-unchecked", "checked/unchecked reads"), ("floe", "floe-no-metrics", "metrics on/off"),
+          ("floe", "floe-plain", "TLS on/off")]
 MODE_RATIOS = {"floe-hybrid", "floe-hdd"}
 HYBRID_GOAL = 0.9
 
