@@ -9,8 +9,8 @@ mod placement;
 mod progress;
 mod size;
 mod snapshot;
-mod views;
 mod top;
+mod views;
 
 use clap::{Parser, Subcommand};
 use floe_client::master::MasterClient;
