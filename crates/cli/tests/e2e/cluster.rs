@@ -150,16 +150,21 @@ impl Cluster {
         Cluster::launch(dir, port, metadata, args)
     }
 
-    /// Starts a demo cluster as a user would: TLS between its processes.
+    /// Starts a demo cluster as a user would: TLS between its processes, and (as
+    /// `./run.sh` does) a data directory named relative to where it runs.
     pub fn start_tls(dir: &Path) -> Cluster {
         Cluster::launch(dir, free_ports(), None, Vec::new())
     }
 
     fn launch(dir: &Path, port: u16, metadata: Option<String>, args: Vec<String>) -> Cluster {
+        let relative = !args.iter().any(|a| a == "--plain");
         let mut command = Command::new(FLOE);
+        command.arg("demo");
+        match (relative, dir.parent(), dir.file_name()) {
+            (true, Some(parent), Some(name)) => command.current_dir(parent).arg("--dir").arg(name),
+            _ => command.arg("--dir").arg(dir),
+        };
         command
-            .args(["demo", "--dir"])
-            .arg(dir)
             .args(["--port", &port.to_string()])
             .args(["--nbd-port", &(port + NBD_PORT_OFFSET).to_string()])
             .args(["--size", "1G"])
