@@ -5,6 +5,10 @@
 //! signs new certificates and stays with the operator. `DIR/NAME.pem` holds one
 //! holder's certificate and its key; an NBD client's are also laid out in `DIR/NAME/`
 //! as QEMU's `tls-creds-x509` and libnbd's `tls-certificates` read them.
+//!
+//! NBD clients may use a pre-shared key instead (TLS-PSK): `floe cert psk FILE NAME`
+//! adds one to a key file in psktool's format, which the gateway (`--nbd-psk`),
+//! QEMU's `tls-creds-psk` (as `DIR/keys.psk`) and libnbd's `tls-psk-file` all read.
 
 use clap::Subcommand;
 use floe_protocol::tls::Role;
@@ -54,6 +58,14 @@ pub enum CertCommand {
         #[arg(long, default_value_t = DAYS_DEFAULT)]
         days: i64,
     },
+    /// Add a random pre-shared key for NBD client NAME to FILE (created if missing),
+    /// a line `NAME:HEXKEY`; give FILE to the gateway with --nbd-psk and to the client.
+    Psk {
+        /// The key file, e.g. keys.psk.
+        file: PathBuf,
+        /// The client's identity (its name in --nbd-access).
+        name: String,
+    },
 }
 
 pub fn run(command: CertCommand) -> Result<(), String> {
@@ -76,6 +88,10 @@ pub fn run(command: CertCommand) -> Result<(), String> {
         } => {
             let path = issue(&dir, &name, role, &hosts, days)?;
             println!("issued {} ({role} {name})", path.display());
+        }
+        CertCommand::Psk { file, name } => {
+            add_psk(&file, &name)?;
+            println!("added a key for {name} to {}", file.display());
         }
     }
     Ok(())
@@ -159,6 +175,33 @@ fn valid_for(params: &mut CertificateParams, days: i64) {
     let now = OffsetDateTime::now_utc();
     params.not_before = now - CLOCK_SLACK;
     params.not_after = now + Duration::days(days);
+}
+
+/// Appends a new random 256-bit key for `name` to the key file `file`.
+pub fn add_psk(file: &Path, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains([':', '\n']) {
+        return Err(format!("{name:?} cannot name a pre-shared key"));
+    }
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+    };
+    if text
+        .lines()
+        .any(|line| line.split(':').next() == Some(name))
+    {
+        return Err(format!("{} has a key for {name} already", file.display()));
+    }
+    let key: [u8; 32] = rand::random();
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let mut out = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(PRIVATE)
+        .open(file)
+        .map_err(|e| format!("cannot open {}: {e}", file.display()))?;
+    writeln!(out, "{name}:{hex}").map_err(|e| format!("cannot write {}: {e}", file.display()))
 }
 
 /// The mode of a file holding a key.

@@ -48,8 +48,12 @@ const CHUNK_SERVERS: [(&str, &str); 6] = [
 ];
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
-/// The demo's NBD client certificate (`DIR/certs/client/` for QEMU and libnbd).
+/// The demo's NBD client certificate (`DIR/certs/client/` for QEMU and libnbd), and
+/// its pre-shared key's identity.
 const NBD_CLIENT: &str = "client";
+/// The gateway's pre-shared keys for TLS-PSK clients, `DIR/certs/psk/keys.psk`
+/// (QEMU's `tls-creds-psk` reads `keys.psk` in the directory it is given).
+const PSK_FILE: &str = "psk/keys.psk";
 /// Validity of the demo's certificates, in days.
 const CERT_DAYS: i64 = 3650;
 
@@ -95,6 +99,12 @@ impl Credentials {
                 cert::issue(&dir, &name, role, &hosts, CERT_DAYS)?;
             }
         }
+        let psk = dir.join(PSK_FILE);
+        if !psk.exists() {
+            std::fs::create_dir_all(psk.parent().expect("in a directory"))
+                .map_err(|e| format!("cannot create {}: {e}", psk.display()))?;
+            cert::add_psk(&psk, NBD_CLIENT)?;
+        }
         let dir = dir
             .canonicalize()
             .map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -107,6 +117,10 @@ impl Credentials {
 
     fn cert(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.pem"))
+    }
+
+    fn psk(&self) -> PathBuf {
+        self.dir.join(PSK_FILE)
     }
 }
 
@@ -445,17 +459,17 @@ async fn start(
     }
     let nbd_address = format!("127.0.0.1:{}", options.nbd_port);
     println!("starting gateway on {nbd_address}");
-    processes.push(spawn(
+    let mut gateway = args(&[
         "gateway",
-        args(&[
-            "gateway",
-            "--listen",
-            &nbd_address,
-            "--master",
-            master_address,
-        ]),
+        "--listen",
         &nbd_address,
-    )?);
+        "--master",
+        master_address,
+    ]);
+    if let Some(credentials) = credentials {
+        gateway.extend(["--nbd-psk".into(), credentials.psk().display().to_string()]);
+    }
+    processes.push(spawn("gateway", gateway, &nbd_address)?);
     // Ready when an NBD server greets on the port and our gateway is still running a
     // moment later: another process may hold the port, and then ours exits.
     loop {
@@ -509,6 +523,10 @@ async fn start(
             println!(
                 "  over TLS: nbds://{nbd_address}/demo?tls-certificates={}",
                 c.dir.join(NBD_CLIENT).display()
+            );
+            println!(
+                "  over TLS-PSK: nbds://{NBD_CLIENT}@{nbd_address}/demo?tls-psk-file={}",
+                c.psk().display()
             );
             println!(
                 "  TLS between the processes; certificates in {}",

@@ -169,6 +169,11 @@ enum Command {
         /// decides, no match is refused. Default: anyone the transport lets in.
         #[arg(long)]
         nbd_access: Option<PathBuf>,
+        /// Pre-shared keys for NBD clients that use TLS-PSK (QEMU's tls-creds-psk,
+        /// libnbd's tls-psk-file): psktool's format, `IDENTITY:HEXKEY` a line; the
+        /// identity is the client's name in --nbd-access.
+        #[arg(long)]
+        nbd_psk: Option<PathBuf>,
         /// Serve plain NBD to clients not on loopback too (with --ca and --cert they
         /// are otherwise made to start TLS; without, refused).
         #[arg(long)]
@@ -622,6 +627,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             unretired_limit,
             staleness,
             nbd_access,
+            nbd_psk,
             nbd_allow_plain,
             metrics,
         } => {
@@ -629,12 +635,16 @@ async fn execute(cli: Cli) -> Result<(), String> {
             let access = nbd_access
                 .map(|path| floe_gateway::AccessList::load(&path))
                 .transpose()?;
+            let psk = nbd_psk
+                .map(|path| floe_gateway::PskKeys::load(&path))
+                .transpose()?;
             let listener = bind(&listen).await?;
             let options = floe_gateway::Options {
                 read_only,
                 unretired_limit,
                 staleness,
                 access,
+                psk,
                 allow_plain: nbd_allow_plain,
             };
             floe_gateway::run(listener, &cli.master, options, stop_signal()).await;

@@ -1,8 +1,8 @@
 //! Which NBD client may open which volume (`floe gateway --nbd-access FILE`).
 //!
 //! One rule a line, `IDENTITY VOLUME ACCESS`: IDENTITY is the name (CN) of the
-//! certificate a client presented over TLS, or `*` for any client, with a certificate
-//! or without; VOLUME is a volume's name or `*`; ACCESS is `rw` or `ro`. The first
+//! certificate a client presented over TLS, or the identity of its pre-shared key
+//! (TLS-PSK), or `*` for any client, with credentials or without; VOLUME is a volume's name or `*`; ACCESS is `rw` or `ro`. The first
 //! rule that matches decides; a client no rule matches is refused. `#` starts a
 //! comment. Without a list, every client the transport lets in opens every volume.
 

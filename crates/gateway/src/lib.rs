@@ -12,6 +12,7 @@ pub mod measured;
 
 pub use access::AccessList;
 use export_name::ExportName;
+pub use floe_nbd::PskKeys;
 
 use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
@@ -44,13 +45,13 @@ impl VolumeExports {
         let Some(access) = &self.access else {
             return Ok(true);
         };
-        let identity = match &client.certificate {
-            Some(certificate) => Some(Identity::of(certificate)?.name),
-            None => None,
+        let identity = match (&client.certificate, &client.psk_identity) {
+            (Some(certificate), _) => Some(Identity::of(certificate)?.name),
+            (None, identity) => identity.clone(),
         };
         let who = match &identity {
             Some(name) => format!("client {name}"),
-            None => "a client without a certificate".to_string(),
+            None => "a client without a certificate or key".to_string(),
         };
         access
             .grant(identity.as_deref(), export.volume())
@@ -161,6 +162,8 @@ pub struct Options {
     pub staleness: Option<std::time::Duration>,
     /// Who may open which volume over NBD; `None`: anyone the transport lets in.
     pub access: Option<AccessList>,
+    /// Pre-shared keys for NBD clients that use TLS-PSK.
+    pub psk: Option<Arc<PskKeys>>,
     /// Serve plain NBD to clients not on loopback (TLS is offered to all when the
     /// gateway has a certificate).
     pub allow_plain: bool,
@@ -180,6 +183,7 @@ pub async fn run(
         unretired_limit,
         staleness,
         access,
+        psk,
         allow_plain,
     } = options;
     let address = listener
@@ -196,10 +200,11 @@ pub async fn run(
     });
     let security = Security {
         tls: floe_protocol::tls::installed().map(|tls| tls.nbd.clone()),
+        psk,
         allow_plain,
     };
-    let tls = security.tls.is_some();
-    tracing::info!(%address, master, read_only, ?staleness, tls, allow_plain, "gateway serving NBD");
+    let (tls, psk) = (security.tls.is_some(), security.psk.is_some());
+    tracing::info!(%address, master, read_only, ?staleness, tls, psk, allow_plain, "gateway serving NBD");
     floe_nbd::serve(listener, exports, security, shutdown).await;
     // Writes acknowledged early (flush-epoch and log-commit volumes) reach the
     // replicas first.

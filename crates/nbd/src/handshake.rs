@@ -138,7 +138,7 @@ where
         let refusal = transport.refusal();
         let session = match option {
             OPT_STARTTLS => {
-                match (&transport.tls, transport.secured, data.is_empty()) {
+                match (transport.offers_tls(), transport.secured, data.is_empty()) {
                     (_, _, false) => error_reply(
                         &mut replies,
                         option,
@@ -148,13 +148,13 @@ where
                     (_, true, _) => {
                         error_reply(&mut replies, option, REP_ERR_INVALID, "TLS is already on")
                     }
-                    (None, false, _) => error_reply(
+                    (false, false, _) => error_reply(
                         &mut replies,
                         option,
                         REP_ERR_POLICY,
-                        "this server has no certificate for TLS",
+                        "this server has no certificate or keys for TLS",
                     ),
-                    (Some(_), false, _) => {
+                    (true, false, _) => {
                         option_reply(&mut replies, option, REP_ACK, &[]);
                         out.write_all(&replies).await?;
                         out.flush().await?;

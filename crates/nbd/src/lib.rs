@@ -8,6 +8,7 @@
 //!   and the contexts [`Exports::meta_context`] offers, STARTTLS).
 //! - `security`: what a connection must do before it may haggle: TLS, required of
 //!   clients not on loopback unless plain NBD is allowed ([`Security`]).
+//! - `psk`: TLS-PSK handshakes (OpenSSL), told apart from X.509 ones by the ClientHello.
 //! - `transmission`: the request loop, with bounded requests and bytes in flight.
 //! - `command`: request header parsing, validation and execution on the device.
 //! - `reply`: simple and structured reply encoding into vectored-write segments.
@@ -18,6 +19,7 @@ mod command;
 mod handshake;
 mod input;
 mod proto;
+mod psk;
 mod reply;
 mod security;
 mod server;
@@ -28,6 +30,7 @@ use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use std::sync::Arc;
 
+pub use psk::PskKeys;
 pub use security::Security;
 pub use server::serve;
 
@@ -59,6 +62,8 @@ impl std::fmt::Display for Refusal {
 pub struct Client {
     /// The certificate it presented over TLS (DER), if any.
     pub certificate: Option<Vec<u8>>,
+    /// The identity it proved with a pre-shared key (TLS-PSK), if it did.
+    pub psk_identity: Option<String>,
     /// Whether the connection is TLS.
     pub tls: bool,
 }

@@ -1,7 +1,8 @@
 //! Who may talk plain NBD: TLS (NBD_OPT_STARTTLS) is offered when the server has a
-//! certificate, and required of a client that is not on loopback unless the operator
-//! allows plain NBD there.
+//! certificate or pre-shared keys, and required of a client that is not on loopback
+//! unless the operator allows plain NBD there.
 
+use crate::psk::PskKeys;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -9,6 +10,8 @@ use std::sync::Arc;
 pub struct Security {
     /// The server's TLS set-up; `None`: no STARTTLS.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Pre-shared keys for TLS-PSK clients; `None`: X.509 only.
+    pub psk: Option<Arc<PskKeys>>,
     /// Plain NBD from clients not on loopback (on loopback it is always allowed).
     pub allow_plain: bool,
 }
@@ -16,6 +19,7 @@ pub struct Security {
 /// What one connection may do before and after STARTTLS.
 pub(crate) struct Transport {
     pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
+    pub(crate) psk: Option<Arc<PskKeys>>,
     /// The connection is TLS now.
     pub(crate) secured: bool,
     /// Options other than STARTTLS and ABORT are served without TLS.
@@ -27,6 +31,7 @@ impl Security {
         let loopback = peer.is_some_and(|p| p.ip().is_loopback());
         Transport {
             tls: self.tls.clone(),
+            psk: self.psk.clone(),
             secured: false,
             plain_allowed: loopback || self.allow_plain,
         }
@@ -34,13 +39,18 @@ impl Security {
 }
 
 impl Transport {
+    /// Whether STARTTLS can be served.
+    pub(crate) fn offers_tls(&self) -> bool {
+        self.tls.is_some() || self.psk.is_some()
+    }
+
     /// Why an option other than STARTTLS or ABORT is refused now, if it is.
     pub(crate) fn refusal(&self) -> Option<&'static str> {
-        match (self.secured || self.plain_allowed, &self.tls) {
+        match (self.secured || self.plain_allowed, self.offers_tls()) {
             (true, _) => None,
-            (false, Some(_)) => Some("TLS is required from clients not on loopback: use STARTTLS (nbds://)"),
-            (false, None) => Some(
-                "plain NBD is served to clients on loopback only, and this server has no certificate for TLS",
+            (false, true) => Some("TLS is required from clients not on loopback: use STARTTLS (nbds://)"),
+            (false, false) => Some(
+                "plain NBD is served to clients on loopback only, and this server has no certificate or keys for TLS",
             ),
         }
     }
@@ -137,6 +147,7 @@ mod tests {
     async fn a_remote_client_must_start_tls_before_anything_else() {
         let security = Security {
             tls: Some(tls_config()),
+            psk: None,
             allow_plain: false,
         };
         let (replies, started) = haggle(
@@ -170,6 +181,7 @@ mod tests {
         assert!(!started);
         let allowing = Security {
             tls: None,
+            psk: None,
             allow_plain: true,
         };
         let (replies, _) = haggle(

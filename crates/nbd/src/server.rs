@@ -4,12 +4,12 @@
 use crate::handshake::{Negotiated, Session};
 use crate::input::Input;
 use crate::security::{Security, Transport};
-use crate::{handshake, transmission, Client, Exports};
+use crate::{handshake, psk, transmission, Client, Exports};
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -91,6 +91,10 @@ async fn serve_client(
 type Reader = Box<dyn AsyncRead + Send + Unpin>;
 type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
+/// A connection after STARTTLS, whichever TLS stack serves it.
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<S: AsyncRead + AsyncWrite + Send + Unpin> Stream for S {}
+
 /// Greeting and option haggling, over TLS from STARTTLS on: the socket's halves, the
 /// session, and whether it is TLS; `None` if the client left.
 async fn handshake(
@@ -115,25 +119,43 @@ async fn handshake(
         }
         Negotiated::StartTls => {}
     }
-    let stream = input
-        .into_inner()?
-        .reunite(write)
-        .map_err(|e| io::Error::other(e.to_string()))?;
-    let config = transport
-        .tls
-        .clone()
-        .expect("STARTTLS is acknowledged only with TLS");
-    let stream = tokio_rustls::TlsAcceptor::from(config)
-        .accept(stream)
-        .await?;
-    let client = Client {
-        certificate: stream
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .map(|c| c.to_vec()),
-        tls: true,
+    let mut read = input.into_inner()?;
+    // The ClientHello decides between X.509 (rustls) and a pre-shared key (OpenSSL);
+    // the handshake then reads it again.
+    let hello = psk::read_first_record(&mut read).await?;
+    let stream = tokio::io::join(std::io::Cursor::new(hello.clone()).chain(read), write);
+    let (stream, client): (Box<dyn Stream>, Client) = match &transport.psk {
+        Some(keys) if keys.offered(&hello) => {
+            let (stream, identity) = keys.accept(stream).await?;
+            let client = Client {
+                psk_identity: Some(identity),
+                tls: true,
+                ..Client::default()
+            };
+            (Box::new(stream), client)
+        }
+        _ => {
+            let Some(config) = transport.tls.clone() else {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "the client offered no pre-shared key this server knows, and it has no certificate",
+                ));
+            };
+            let stream = tokio_rustls::TlsAcceptor::from(config)
+                .accept(stream)
+                .await?;
+            let client = Client {
+                certificate: stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.to_vec()),
+                tls: true,
+                ..Client::default()
+            };
+            (Box::new(stream), client)
+        }
     };
     let (read, mut write) = tokio::io::split(stream);
     let mut input = Input::new(read);

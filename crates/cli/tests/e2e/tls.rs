@@ -153,7 +153,7 @@ fn a_tls_cluster_serves_its_clients_and_refuses_strangers() {
     let status = cluster.floe(&["status"]);
     assert!(status.contains("6/6 chunk servers up"), "{status}");
     let back = work.path().join("back.img");
-    read_back(&cluster, &back, 48 << 20);
+    copy_from(cluster.uri(), &back, 48 << 20);
     compare(&image, &back);
 
     // A chunk server killed with -9: the volume goes on over TLS with the others.
@@ -165,13 +165,13 @@ fn a_tls_cluster_serves_its_clients_and_refuses_strangers() {
         .arg(&back)
         .arg(cluster.uri()));
     let again = work.path().join("again.img");
-    read_back(&cluster, &again, 48 << 20);
+    copy_from(cluster.uri(), &again, 48 << 20);
     compare(&image, &again);
 }
 
-/// The first `bytes` of the demo volume into `path`.
-fn read_back(cluster: &Cluster, path: &Path, bytes: u64) {
-    ok(Command::new("nbdcopy").arg(cluster.uri()).arg(path));
+/// `nbd` as written back in full: nbdcopy writes a file only as far as its last data.
+fn copy_from(nbd: &str, path: &Path, bytes: u64) {
+    ok(Command::new("nbdcopy").arg(nbd).arg(path));
     let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     file.set_len(bytes).unwrap();
 }
@@ -189,7 +189,8 @@ impl Drop for Gateway {
     }
 }
 
-fn gateway_with_access(cluster: &Cluster, rules: &str, work: &Path) -> Gateway {
+/// `extra`: more of the gateway's arguments.
+fn gateway_with_access(cluster: &Cluster, rules: &str, work: &Path, extra: &[&Path]) -> Gateway {
     let access = work.join("access");
     std::fs::write(&access, rules).unwrap();
     let address = format!("127.0.0.1:{}", crate::cluster::free_ports());
@@ -198,6 +199,7 @@ fn gateway_with_access(cluster: &Cluster, rules: &str, work: &Path) -> Gateway {
         .command_as("gateway")
         .args(["gateway", "--listen", &address, "--nbd-access"])
         .arg(&access)
+        .args(extra)
         .stderr(log)
         .spawn()
         .unwrap();
@@ -235,13 +237,7 @@ fn nbd_over_tls_with_client_certificates_and_an_access_list() {
     let info = ok(Command::new("nbdinfo").arg(nbds(&nbd, "demo")));
     assert!(info.contains("with TLS"), "{info}");
     let back = work.path().join("back.img");
-    ok(Command::new("nbdcopy").arg(nbds(&nbd, "demo")).arg(&back));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&back)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    copy_from(&nbds(&nbd, "demo"), &back, 8 << 20);
     compare(&image, &back);
 
     // QEMU's tls-creds-x509 reads the same directory.
@@ -269,7 +265,7 @@ fn nbd_over_tls_with_client_certificates_and_an_access_list() {
     // The access list: the client certificate reads demo but may not write it;
     // anyone writes spare; no one else opens demo.
     cluster.floe(&["volume", "create", "spare", "--size", "64M"]);
-    let gateway = gateway_with_access(&cluster, "client demo ro\n* spare rw\n", work.path());
+    let gateway = gateway_with_access(&cluster, "client demo ro\n* spare rw\n", work.path(), &[]);
     let read = ok(Command::new("nbdinfo").arg(nbds(&gateway.address, "demo")));
     assert!(read.contains("export-size: 1073741824"), "{read}");
     let write = output(
@@ -288,18 +284,131 @@ fn nbd_over_tls_with_client_certificates_and_an_access_list() {
         output(Command::new("qemu-img").args(["info", &format!("nbd://{}/demo", gateway.address)]));
     let said = text(&qemu);
     assert!(
-        said.contains("a client without a certificate may not open demo"),
+        said.contains("a client without a certificate or key may not open demo"),
         "{said}"
     );
     let copied = work.path().join("through-acl.img");
-    ok(Command::new("nbdcopy")
-        .arg(nbds(&gateway.address, "demo"))
-        .arg(&copied));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&copied)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    copy_from(&nbds(&gateway.address, "demo"), &copied, 8 << 20);
     compare(&image, &copied);
+}
+
+#[test]
+fn nbd_over_tls_with_pre_shared_keys_and_an_access_list() {
+    let dir = TestDir::new();
+    let cluster = Cluster::start_tls(dir.path());
+    let certs = cluster.info.certs.clone().expect("the demo runs TLS");
+    // The demo's key file: QEMU reads DIR/keys.psk, libnbd the file.
+    let psk_dir = certs.join("psk");
+    let keys = psk_dir.join("keys.psk");
+    let work = TestDir::new();
+    let nbd = cluster
+        .uri()
+        .trim_start_matches("nbd://")
+        .trim_end_matches("/demo")
+        .to_string();
+    let nbds = |who: &str, address: &str, export: &str, keys: &Path| {
+        format!(
+            "nbds://{who}@{address}/{export}?tls-psk-file={}",
+            keys.display()
+        )
+    };
+
+    // libnbd over TLS-PSK: write, read back.
+    let image = work.path().join("random.img");
+    random_file(&image, 8 << 20);
+    ok(Command::new("nbdcopy")
+        .arg(&image)
+        .arg(nbds("client", &nbd, "demo", &keys)));
+    let info = ok(Command::new("nbdinfo").arg(nbds("client", &nbd, "demo", &keys)));
+    assert!(info.contains("with TLS"), "{info}");
+    let back = work.path().join("back.img");
+    copy_from(&nbds("client", &nbd, "demo", &keys), &back, 8 << 20);
+    compare(&image, &back);
+
+    // QEMU's tls-creds-psk: read the same bytes.
+    let qemu_image = |who: &str, dir: &Path, at: &str, export: &str| {
+        let (host, port) = at.split_once(':').unwrap();
+        [
+            "--object".to_string(),
+            format!(
+                "tls-creds-psk,id=tls0,endpoint=client,dir={},username={who}",
+                dir.display()
+            ),
+            "--image-opts".to_string(),
+            format!(
+                "driver=nbd,server.type=inet,server.host={host},server.port={port},export={export},tls-creds=tls0"
+            ),
+        ]
+    };
+    let through_qemu = work.path().join("qemu.img");
+    let mut convert = Command::new("qemu-img");
+    convert
+        .args(["convert", "-O", "raw"])
+        .args(qemu_image("client", &psk_dir, &nbd, "demo"));
+    ok(convert.arg(&through_qemu));
+    compare(&image, &through_qemu);
+
+    // The right name with the wrong key, or a name the gateway does not know:
+    // refused at the handshake, and the gateway serves the next client.
+    let forged = work.path().join("forged");
+    std::fs::create_dir(&forged).unwrap();
+    let forged_keys = forged.join("keys.psk");
+    ok(Command::new(FLOE)
+        .args(["cert", "psk"])
+        .arg(&forged_keys)
+        .arg("client"));
+    ok(Command::new(FLOE)
+        .args(["cert", "psk"])
+        .arg(&forged_keys)
+        .arg("mallory"));
+    for who in ["client", "mallory"] {
+        let refused = output(Command::new("nbdinfo").arg(nbds(who, &nbd, "demo", &forged_keys)));
+        assert!(
+            !refused.status.success(),
+            "{who} with a forged key was served"
+        );
+    }
+    let mut forged_qemu = Command::new("qemu-img");
+    forged_qemu
+        .arg("info")
+        .args(qemu_image("client", &forged, &nbd, "demo"));
+    assert!(!output(&mut forged_qemu).status.success());
+    ok(Command::new("nbdinfo").arg(nbds("client", &nbd, "demo", &keys)));
+
+    // The access list names key identities as it names certificates: client reads
+    // demo only; bob writes spare and may not open demo.
+    ok(Command::new(FLOE)
+        .args(["cert", "psk"])
+        .arg(&keys)
+        .arg("bob"));
+    cluster.floe(&["volume", "create", "spare", "--size", "64M"]);
+    let gateway = gateway_with_access(
+        &cluster,
+        "client demo ro\nbob spare rw\n",
+        work.path(),
+        &[Path::new("--nbd-psk"), &keys],
+    );
+    let at = &gateway.address;
+    copy_from(&nbds("client", at, "demo", &keys), &back, 8 << 20);
+    compare(&image, &back);
+    let write = output(
+        Command::new("nbdcopy")
+            .arg(&image)
+            .arg(nbds("client", at, "demo", &keys)),
+    );
+    assert!(!write.status.success(), "a read-only grant wrote");
+    ok(Command::new("nbdcopy")
+        .arg(&image)
+        .arg(nbds("bob", at, "spare", &keys)));
+    let spare = work.path().join("spare.img");
+    copy_from(&nbds("bob", at, "spare", &keys), &spare, 8 << 20);
+    compare(&image, &spare);
+    let mut bob_qemu = Command::new("qemu-img");
+    bob_qemu
+        .arg("info")
+        .args(qemu_image("bob", &psk_dir, at, "demo"));
+    let refused = output(&mut bob_qemu);
+    let said = text(&refused);
+    assert!(!refused.status.success());
+    assert!(said.contains("client bob may not open demo"), "{said}");
 }
