@@ -166,7 +166,7 @@ impl Tls {
         let identity = Identity::of(first).map_err(|e| format!("{}: {e}", cert.display()))?;
         let key = PrivateKeyDer::from_pem_slice(&cert_pem)
             .map_err(|e| format!("{}: no private key: {e}", cert.display()))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(provider());
         let roots = Arc::new(roots);
         let tls13 = &[&rustls::version::TLS13];
         let failed = |e: rustls::Error| format!("{}: {e}", cert.display());
@@ -185,22 +185,24 @@ impl Tls {
             WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
                 .build()
                 .map_err(|e| e.to_string())?;
-        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(tls13)
             .map_err(failed)?
             .with_client_cert_verifier(client_verifier)
             .with_single_cert(chain.clone(), key.clone_key())
             .map_err(failed)?;
+        server.ignore_client_order = true;
         let nbd_verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
             .allow_unauthenticated()
             .build()
             .map_err(|e| e.to_string())?;
-        let nbd = rustls::ServerConfig::builder_with_provider(provider)
+        let mut nbd = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(failed)?
             .with_client_cert_verifier(nbd_verifier)
             .with_single_cert(chain, key)
             .map_err(failed)?;
+        nbd.ignore_client_order = true;
         Ok(Tls {
             identity,
             client: Arc::new(client),
@@ -285,6 +287,23 @@ fn halves<S: AsyncRead + AsyncWrite + Send + 'static>(stream: S) -> Halves {
 }
 
 /// The client's side of a fresh connection: TLS as the holder of `tls`, if given.
+/// ring's suites with AES-128-GCM first (servers pick by their own order): every
+/// byte of a replicated write is sealed and opened once per hop, and AES-128 costs
+/// about an eighth less than AES-256 (ring on this project's machines).
+fn provider() -> rustls::crypto::CryptoProvider {
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider.cipher_suites.sort_by_key(|suite| {
+        use rustls::CipherSuite::*;
+        !matches!(
+            suite.suite(),
+            TLS13_AES_128_GCM_SHA256
+                | TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+                | TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256
+        )
+    });
+    provider
+}
+
 pub(crate) async fn connect(stream: TcpStream, tls: Option<&Tls>) -> std::io::Result<Halves> {
     let Some(tls) = tls else {
         let (read, write) = stream.into_split();
@@ -317,4 +336,24 @@ pub(crate) async fn accept(stream: TcpStream) -> Result<(Halves, Option<Identity
         )?;
     let identity = peer_identity(stream.get_ref().1)?;
     Ok((halves(stream), Some(identity)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aes_128_gcm_is_preferred_in_both_versions() {
+        let suites: Vec<_> = provider().cipher_suites.iter().map(|s| s.suite()).collect();
+        assert_eq!(suites[0], rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+        let tls12 = suites
+            .iter()
+            .position(|s| !format!("{s:?}").starts_with("TLS13"))
+            .expect("TLS 1.2 suites");
+        assert!(format!("{:?}", suites[tls12]).contains("AES_128_GCM"));
+        assert_eq!(
+            suites.len(),
+            rustls::crypto::ring::default_provider().cipher_suites.len()
+        );
+    }
 }
