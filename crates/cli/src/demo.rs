@@ -37,6 +37,15 @@ pub struct Options {
     pub no_metrics: bool,
 }
 
+/// Prints a line of the demo's report; a closed stdout (`floe demo | head`) ends the
+/// report, not the cluster.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// (host, device class) of each chunk server.
 const CHUNK_SERVERS: [(&str, &str); 6] = [
     ("host-a", "ssd"),
@@ -305,9 +314,9 @@ pub async fn run(options: Options) -> Result<(), String> {
             _ = check.tick() => processes.iter_mut().for_each(|p| p.check(&logs)),
         }
     }
-    println!("stopping...");
+    say!("stopping...");
     stop_all(&mut processes);
-    println!("stopped; data kept in {}", dir.display());
+    say!("stopped; data kept in {}", dir.display());
     Ok(())
 }
 
@@ -352,7 +361,7 @@ async fn start(
     };
     let masters: Vec<&str> = master_address.split(',').collect();
     for (i, listen) in masters.iter().enumerate() {
-        println!("starting master on {listen} ({metadata})");
+        say!("starting master on {listen} ({metadata})");
         let name = match i {
             0 => "master".to_string(),
             i => format!("master-{i}"),
@@ -371,7 +380,7 @@ async fn start(
             listen,
         )?);
     }
-    println!(
+    say!(
         "starting {} chunk servers{}",
         CHUNK_SERVERS.len(),
         if options.emulate_hdd {
@@ -420,7 +429,7 @@ async fn start(
             Err(_) => 0,
         };
         if up != shown {
-            println!("  {up}/{} chunk servers registered", CHUNK_SERVERS.len());
+            say!("  {up}/{} chunk servers registered", CHUNK_SERVERS.len());
             shown = up;
         }
         if up >= CHUNK_SERVERS.len() {
@@ -446,7 +455,7 @@ async fn start(
         write_mode: options.write_mode,
     };
     match master.create_volume(spec).await {
-        Ok(v) => println!(
+        Ok(v) => say!(
             "created volume demo ({}, {}, 3 replicas on 3 hosts)",
             size::format(v.spec.size_bytes),
             v.spec.mode
@@ -454,11 +463,11 @@ async fn start(
         Err(CallError::Remote {
             status: Status::AlreadyExists,
             ..
-        }) => println!("volume demo already exists; keeping its data"),
+        }) => say!("volume demo already exists; keeping its data"),
         Err(e) => return Err(format!("cannot create volume demo: {e}")),
     }
     let nbd_address = format!("127.0.0.1:{}", options.nbd_port);
-    println!("starting gateway on {nbd_address}");
+    say!("starting gateway on {nbd_address}");
     let mut gateway = args(&[
         "gateway",
         "--listen",
@@ -515,39 +524,39 @@ async fn start(
     let env = dir.join("env");
     std::fs::write(&env, cli_settings(master_address, credentials))
         .map_err(|e| format!("cannot write {}: {e}", env.display()))?;
-    println!();
-    println!("ready: {uri}");
-    println!("  try: nbdinfo {uri}");
+    say!();
+    say!("ready: {uri}");
+    say!("  try: nbdinfo {uri}");
     match credentials {
         Some(c) => {
-            println!(
+            say!(
                 "  over TLS: nbds://{nbd_address}/demo?tls-certificates={}",
                 c.dir.join(NBD_CLIENT).display()
             );
-            println!(
+            say!(
                 "  over TLS-PSK: nbds://{NBD_CLIENT}@{nbd_address}/demo?tls-psk-file={}",
                 c.psk().display()
             );
-            println!(
+            say!(
                 "  TLS between the processes; certificates in {}",
                 c.dir.display()
             );
         }
-        None => println!("  plain TCP between the processes (--plain)"),
+        None => say!("  plain TCP between the processes (--plain)"),
     }
-    println!(
+    say!(
         "  logs: {}   status: . {}; floe status",
         logs.display(),
         env.display()
     );
     if let Some(gateway) = file.metrics.get("gateway") {
-        println!("  per-volume I/O: floe top --metrics {gateway}");
-        println!("  metrics:");
+        say!("  per-volume I/O: floe top --metrics {gateway}");
+        say!("  metrics:");
         for (name, url) in &file.metrics {
-            println!("    {name:<14} {url}");
+            say!("    {name:<14} {url}");
         }
     }
-    println!(
+    say!(
         "  Ctrl-C stops the cluster; data stays in {}",
         dir.display()
     );

@@ -4,6 +4,7 @@ mod admin;
 mod cert;
 mod cluster;
 mod demo;
+mod gateway_upgrade;
 mod metrics;
 mod placement;
 mod progress;
@@ -147,8 +148,12 @@ enum Command {
         #[command(subcommand)]
         admin: Option<ChunkserverCommand>,
     },
-    /// Run a gateway exporting volumes over NBD.
+    /// Run a gateway exporting volumes over NBD (`floe gateway --listen ...`), or
+    /// upgrade a running one in place (`floe gateway upgrade --pid PID`).
+    #[command(args_conflicts_with_subcommands = true)]
     Gateway {
+        #[command(subcommand)]
+        admin: Option<GatewayCommand>,
         /// Address to serve NBD clients on.
         #[arg(long, default_value = "127.0.0.1:10809")]
         listen: String,
@@ -246,6 +251,21 @@ struct ChunkserverArgs {
     /// tenth of its file system, at most 2 GiB.
     #[arg(long, value_parser = size::parse)]
     journal_quota: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum GatewayCommand {
+    /// Make a running gateway exec its binary again (the new one, once replaced),
+    /// keeping its PID, its listening socket and its plain NBD connections: clients
+    /// see a pause, not a disconnect (TLS clients reconnect). Same as SIGUSR2.
+    Upgrade {
+        /// The gateway's process id.
+        #[arg(long)]
+        pid: u32,
+        /// How long to wait for the gateway to run its new binary.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
 }
 
 #[derive(Subcommand)]
@@ -481,6 +501,27 @@ async fn stop_signal() {
     tracing::info!("stopping: answering requests in flight");
 }
 
+/// A gateway stops on SIGTERM or SIGINT, and upgrades in place on SIGUSR2.
+async fn gateway_signal() -> floe_gateway::Stop {
+    use tokio::signal::unix::{signal, SignalKind};
+    let upgrade = async {
+        match signal(SignalKind::user_defined2()) {
+            Ok(mut upgrade) => upgrade.recv().await,
+            Err(e) => {
+                tracing::warn!("cannot watch SIGUSR2 ({e}): no upgrades in place");
+                std::future::pending().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = stop_signal() => floe_gateway::Stop::Shutdown,
+        _ = upgrade => {
+            tracing::info!("upgrading: parking clients at request boundaries");
+            floe_gateway::Stop::Handover
+        }
+    }
+}
+
 async fn execute(cli: Cli) -> Result<(), String> {
     // The demo makes its cluster's certificates itself; `cert` needs none.
     if let (Some(ca), Some(cert), false) = (
@@ -622,6 +663,11 @@ async fn execute(cli: Cli) -> Result<(), String> {
             .await
         }
         Command::Gateway {
+            admin: Some(GatewayCommand::Upgrade { pid, timeout }),
+            ..
+        } => gateway_upgrade::run(pid, timeout).await,
+        Command::Gateway {
+            admin: None,
             listen,
             read_only,
             unretired_limit,
@@ -631,6 +677,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             nbd_allow_plain,
             metrics,
         } => {
+            floe_gateway::upgrade::remember_executable();
             metrics.start(&listen).await?;
             let access = nbd_access
                 .map(|path| floe_gateway::AccessList::load(&path))
@@ -638,7 +685,14 @@ async fn execute(cli: Cli) -> Result<(), String> {
             let psk = nbd_psk
                 .map(|path| floe_gateway::PskKeys::load(&path))
                 .transpose()?;
-            let listener = bind(&listen).await?;
+            let (listener, resumed) = match floe_gateway::upgrade::inherited()? {
+                Some((listener, parked)) => {
+                    let listener = tokio::net::TcpListener::from_std(listener)
+                        .map_err(|e| format!("the handed-over listener: {e}"))?;
+                    (listener, parked)
+                }
+                None => (bind(&listen).await?, Vec::new()),
+            };
             let options = floe_gateway::Options {
                 read_only,
                 unretired_limit,
@@ -647,7 +701,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 psk,
                 allow_plain: nbd_allow_plain,
             };
-            floe_gateway::run(listener, &cli.master, options, stop_signal()).await;
+            floe_gateway::run(listener, resumed, &cli.master, options, gateway_signal).await;
             Ok(())
         }
         Command::Volume(command) => match command {
@@ -715,7 +769,7 @@ fn main() {
         cli.command,
         Command::Master { .. }
             | Command::Chunkserver { run: Some(_), .. }
-            | Command::Gateway { .. }
+            | Command::Gateway { admin: None, .. }
     ) {
         init_logging();
     } else if !matches!(cli.command, Command::Demo { .. }) {

@@ -356,13 +356,24 @@ impl Drop for Lease {
             name: self.volume.clone(),
             generation: self.generation,
         };
+        // Counted until answered, so a gateway that stops or upgrades releases its
+        // leases first, and this process's next open of the volume waits for it.
+        let live = crate::draining::Live::new(&self.volume);
         runtime.spawn(async move {
-            if let Err(e) = master.call(request).await {
-                tracing::warn!("releasing a lease failed (it expires by itself): {e}");
+            let _live = live;
+            match tokio::time::timeout(RELEASE_LIMIT, master.call(request)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!("releasing a lease failed (it expires by itself): {e}")
+                }
+                Err(_) => tracing::warn!("no answer to a lease release (it expires by itself)"),
             }
         });
     }
 }
+
+/// How long a release may wait for the master before the lease is left to expire.
+const RELEASE_LIMIT: Duration = Duration::from_secs(5);
 
 /// A name for one attempt to take a lease, unique across this process's attempts and
 /// (by the clock at its first) across its restarts.

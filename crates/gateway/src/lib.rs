@@ -4,15 +4,17 @@
 //! same chunk allocations. Every stack is measured on top (`measured`: the
 //! per-volume request metrics `/metrics` serves). With TLS, NBD clients may start TLS
 //! (and must, unless on loopback or plain NBD is allowed), and an access list says
-//! who opens what.
+//! who opens what. A gateway upgrades in place without dropping its clients
+//! (`upgrade`).
 
 mod access;
 mod export_name;
 pub mod measured;
+pub mod upgrade;
 
 pub use access::AccessList;
 use export_name::ExportName;
-pub use floe_nbd::PskKeys;
+pub use floe_nbd::{Parked, PskKeys, Stop};
 
 use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
@@ -40,6 +42,23 @@ struct VolumeExports {
 }
 
 impl VolumeExports {
+    /// Waits until no export is open: the last connection of each is gone, and the
+    /// requests it ran have let go of the volume.
+    async fn all_closed(&self) {
+        loop {
+            let open = self
+                .open
+                .lock()
+                .await
+                .values()
+                .any(|d| d.strong_count() > 0);
+            if !open {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// Whether `client` may open `export`, and writable; `Err` says why not.
     fn grant(&self, export: &ExportName<'_>, client: &Client) -> Result<bool, Refusal> {
         let Some(access) = &self.access else {
@@ -169,15 +188,21 @@ pub struct Options {
     pub allow_plain: bool,
 }
 
-/// Serves NBD on `listener` for volumes of the master at `master` until `shutdown`.
-/// A writable gateway takes each volume's lease while it has the volume open, so a
-/// second gateway cannot open it for writing meanwhile; a read-only one needs none.
-pub async fn run(
-    listener: TcpListener,
+/// Serves NBD on `listener` (and the connections a previous image of this process
+/// handed over, `resumed`) for volumes of the master at `master`, until `stop`
+/// says to shut down. A writable gateway takes each volume's lease while it has the
+/// volume open, so a second gateway cannot open it for writing meanwhile; a
+/// read-only one needs none. When `stop` says [`Stop::Handover`], the gateway
+/// upgrades in place (see `upgrade`), and serves on if it cannot.
+pub async fn run<F>(
+    mut listener: TcpListener,
+    mut resumed: Vec<Parked>,
     master: &str,
     options: Options,
-    shutdown: impl std::future::Future,
-) {
+    mut stop: impl FnMut() -> F,
+) where
+    F: std::future::Future<Output = Stop>,
+{
     let Options {
         read_only,
         unretired_limit,
@@ -205,7 +230,30 @@ pub async fn run(
     };
     let (tls, psk) = (security.tls.is_some(), security.psk.is_some());
     tracing::info!(%address, master, read_only, ?staleness, tls, psk, allow_plain, "gateway serving NBD");
-    floe_nbd::serve(listener, exports, security, shutdown).await;
+    loop {
+        let served = floe_nbd::serve(
+            listener,
+            exports.clone(),
+            security.clone(),
+            std::mem::take(&mut resumed),
+            stop(),
+        );
+        let Some(handover) = served.await else { break };
+        // The next image opens the volumes again: each must be closed first, its
+        // acknowledged writes retired and its lease released.
+        exports.all_closed().await;
+        floe_client::draining::drained().await;
+        let error = upgrade::exec(&handover);
+        tracing::error!("upgrade failed: {error}; serving on");
+        listener = match TcpListener::from_std(handover.listener) {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!("cannot serve on the listening socket: {e}");
+                break;
+            }
+        };
+        resumed = handover.connections;
+    }
     // Writes acknowledged early (flush-epoch and log-commit volumes) reach the
     // replicas first.
     floe_client::draining::drained().await;

@@ -52,6 +52,19 @@ impl<R: AsyncRead + Unpin> Input<R> {
         Ok(())
     }
 
+    /// Input over `socket` that first yields `buffered` (read by a previous process).
+    pub(crate) fn with_buffered(socket: R, buffered: &[u8]) -> Self {
+        Self {
+            socket,
+            buf: BytesMut::from(buffered),
+        }
+    }
+
+    /// The socket and what is buffered from it.
+    pub(crate) fn into_parts(self) -> (R, BytesMut) {
+        (self.socket, self.buf)
+    }
+
     /// The same input over `socket` made into another type, keeping what is buffered.
     pub(crate) fn map<S>(self, socket: impl FnOnce(R) -> S) -> Input<S> {
         Input {

@@ -3,6 +3,7 @@
 //!
 //! Modules:
 //! - `server`: the accept loop ([`serve`]), one task per client, graceful shutdown.
+//! - `handover`: parking attached clients for the next process of an upgrade.
 //! - `handshake`: fixed newstyle greeting and option haggling (EXPORT_NAME, ABORT,
 //!   LIST, INFO, GO, STRUCTURED_REPLY, LIST/SET_META_CONTEXT for `base:allocation`
 //!   and the contexts [`Exports::meta_context`] offers, STARTTLS).
@@ -16,6 +17,7 @@
 //! - `input`: buffered socket reads; write payloads are split off without a copy.
 //! - `proto`: wire constants and the limits the server advertises.
 mod command;
+mod handover;
 mod handshake;
 mod input;
 mod proto;
@@ -30,6 +32,7 @@ use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use std::sync::Arc;
 
+pub use handover::{Handover, Parked, Stop};
 pub use psk::PskKeys;
 pub use security::Security;
 pub use server::serve;

@@ -7,6 +7,7 @@
 //! the back-pressure a slow device or a client that does not read replies gets.
 
 use crate::command::{Command, Header};
+use crate::handover::Stop;
 use crate::handshake::Session;
 use crate::input::Input;
 use crate::proto::*;
@@ -16,7 +17,7 @@ use bytes::Bytes;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
@@ -36,30 +37,33 @@ pub(crate) struct Budget {
 }
 
 /// Serves requests until the client disconnects, sends NBD_CMD_DISC, violates the
-/// protocol, or `shutdown` turns true. In-flight requests are answered before the
-/// socket is closed (within `SHUTDOWN_GRACE` once shutting down).
+/// protocol, or `stop` says so. In-flight requests are answered before the socket is
+/// closed (within `SHUTDOWN_GRACE` once stopping). On [`Stop::Handover`] reading stops
+/// at a request boundary and, every reply sent, the connection's pieces come back
+/// open: `Some`.
 pub(crate) async fn serve<R, W>(
     mut input: Input<R>,
     socket: W,
     session: Session,
-    mut shutdown: watch::Receiver<bool>,
-) -> io::Result<()>
+    mut stop: watch::Receiver<Option<Stop>>,
+) -> io::Result<Option<(Input<R>, W, Arc<Session>)>>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (replies, replies_rx) = mpsc::channel(MAX_IN_FLIGHT);
     let mut writer = tokio::spawn(writer::run(socket, replies_rx).in_current_span());
-    // Stopping may interrupt the loop anywhere, even mid-payload: the request being
-    // read is dropped, the ones already running still get their replies.
+    let session = Arc::new(session);
+    // Shutting down may interrupt the loop anywhere, even mid-payload: the request
+    // being read is dropped, the ones already running still get their replies.
     let read = tokio::select! {
-        read = read_requests(&mut input, Arc::new(session), &replies) => read,
-        _ = shutdown.wait_for(|stop| *stop) => Ok(()),
+        read = read_requests(&mut input, session.clone(), &replies, stop.clone()) => read,
+        _ = stop.wait_for(|stop| *stop == Some(Stop::Shutdown)) => Ok(Ended::Closed),
     };
     drop(replies);
     let grace_over = async {
         // A closed sender also means shutdown: the server is gone.
-        let _ = shutdown.wait_for(|stop| *stop).await;
+        let _ = stop.wait_for(Option::is_some).await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     let written = tokio::select! {
@@ -69,31 +73,50 @@ where
             Err(io::Error::new(io::ErrorKind::TimedOut, "replies still unsent at shutdown"))
         }
     };
-    read.and(written)
+    let mut socket = written?;
+    match read? {
+        Ended::Parked => Ok(Some((input, socket, session))),
+        Ended::Closed => {
+            socket.shutdown().await?;
+            Ok(None)
+        }
+    }
+}
+
+/// Why the request loop ended.
+enum Ended {
+    /// The client left, or the server shuts down.
+    Closed,
+    /// At a request boundary, for a handover.
+    Parked,
 }
 
 async fn read_requests<R: AsyncRead + Unpin>(
     input: &mut Input<R>,
     session: Arc<Session>,
     replies: &mpsc::Sender<Outgoing>,
-) -> io::Result<()> {
+    mut stop: watch::Receiver<Option<Stop>>,
+) -> io::Result<Ended> {
     let requests = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
     loop {
+        // Only here, between requests, may a handover stop the loop: a header read
+        // in part stays buffered in `input` (reading is cancel-safe).
         let header = tokio::select! {
             // The writer failed (client gone): nobody would see more replies.
-            _ = replies.closed() => return Ok(()),
+            _ = replies.closed() => return Ok(Ended::Closed),
+            _ = stop.wait_for(|stop| *stop == Some(Stop::Handover)) => return Ok(Ended::Parked),
             header = input.message(Header::LEN) => match header? {
                 Some(header) => Header::parse(header)?,
                 None => {
                     tracing::debug!("client closed the connection");
-                    return Ok(());
+                    return Ok(Ended::Closed);
                 }
             },
         };
         if header.kind == CMD_DISC {
             tracing::debug!("client disconnected");
-            return Ok(());
+            return Ok(Ended::Closed);
         }
         let request = requests
             .clone()
@@ -141,7 +164,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
                 let reply =
                     Reply::error(handle, session.structured, rejected.error, rejected.message);
                 if replies.send(Outgoing { reply, budget }).await.is_err() {
-                    return Ok(());
+                    return Ok(Ended::Closed);
                 }
             }
             Ok(command) => {

@@ -16,11 +16,12 @@ pub(crate) struct Outgoing {
     pub(crate) budget: Budget,
 }
 
-/// Writes replies until every sender is gone, then shuts the socket down.
+/// Writes replies until every sender is gone, then gives the socket back (to be shut
+/// down, or handed over).
 pub(crate) async fn run<W: AsyncWrite + Unpin>(
     mut socket: W,
     mut replies: mpsc::Receiver<Outgoing>,
-) -> std::io::Result<()> {
+) -> std::io::Result<W> {
     let mut out = Segments::default();
     let mut budgets = Vec::new();
     while let Some(first) = replies.recv().await {
@@ -36,5 +37,5 @@ pub(crate) async fn run<W: AsyncWrite + Unpin>(
         // Only now is the memory of these requests free for new ones.
         budgets.clear();
     }
-    socket.shutdown().await
+    Ok(socket)
 }

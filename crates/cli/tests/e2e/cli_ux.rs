@@ -10,7 +10,7 @@ use std::time::Duration;
 #[test]
 fn json_output_and_first_steps() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(dir.path());
+    let mut cluster = Cluster::start(dir.path());
     let uri = cluster.uri();
 
     // Six demo servers, three emulated hosts, one file system: counted once.
@@ -111,6 +111,11 @@ print('zeroed')",
         let log = std::fs::read_to_string(&path).unwrap();
         assert!(!log.contains('\x1b'), "escape codes in {}", path.display());
     }
+
+    // `floe demo | head`: once its reader is gone the demo stops reporting, not
+    // running; it stops cleanly later (its "stopping..." line goes nowhere).
+    cluster.close_demo_stdout();
+    cluster.stop();
 }
 
 /// Every argument of every subcommand says what it is, and no usage line asks for

@@ -206,6 +206,11 @@ impl Cluster {
         &self.info.nbd_uri
     }
 
+    /// Closes the pipe the demo reports on, as `floe demo | head` does.
+    pub fn close_demo_stdout(&mut self) {
+        drop(self.demo.as_mut().and_then(|demo| demo.stdout.take()));
+    }
+
     /// Stops the whole cluster as a user would (SIGTERM to the demo) and waits.
     pub fn stop(&mut self) {
         if let Some(mut demo) = self.demo.take() {
@@ -351,6 +356,17 @@ impl Drop for Cluster {
             unsafe { libc::kill(demo.id() as i32, libc::SIGTERM) };
             let _ = demo.wait();
         }
+    }
+}
+
+/// A process a test started besides its cluster (another gateway...), killed when
+/// the test ends, passed or failed.
+pub struct Spawned(pub Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

@@ -3,7 +3,7 @@
 //! certificate, one from another CA, or one whose role does not allow the request.
 //! Nothing they asked changes anything, and every server stays up.
 
-use crate::cluster::{ok, output, random_file, Cluster, TestDir, FLOE};
+use crate::cluster::{ok, output, random_file, Cluster, Spawned, TestDir, FLOE};
 use crate::io_helpers::text;
 use floe_protocol::connection::{CallError, Connection};
 use floe_protocol::tls::Tls;
@@ -178,15 +178,8 @@ fn copy_from(nbd: &str, path: &Path, bytes: u64) {
 
 /// A gateway of the test's own (a TLS cluster's certificate), with an access list.
 struct Gateway {
-    child: std::process::Child,
+    _child: Spawned,
     address: String,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `extra`: more of the gateway's arguments.
@@ -208,7 +201,10 @@ fn gateway_with_access(cluster: &Cluster, rules: &str, work: &Path, extra: &[&Pa
         std::time::Duration::from_secs(30),
         || std::net::TcpStream::connect(&address).is_ok(),
     );
-    Gateway { child, address }
+    Gateway {
+        _child: Spawned(child),
+        address,
+    }
 }
 
 #[test]

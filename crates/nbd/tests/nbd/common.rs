@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use floe_blockdev::{BlockDevice, Extent, IoError, MemoryDevice};
-use floe_nbd::{Client, Exports, Refusal, Security};
+use floe_nbd::{Client, Exports, Handover, Parked, Refusal, Security, Stop};
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -94,12 +94,26 @@ pub struct Server {
     pub port: u16,
     pub disk: Arc<MemoryDevice>,
     runtime: Runtime,
-    stop: Option<oneshot::Sender<()>>,
-    served: Option<tokio::task::JoinHandle<()>>,
+    stop: Option<oneshot::Sender<Stop>>,
+    served: Option<tokio::task::JoinHandle<Option<Handover>>>,
 }
 
 impl Server {
     pub fn start() -> Server {
+        Server::start_on(None, Vec::new(), Arc::new(MemoryDevice::new(DISK_SIZE)))
+    }
+
+    /// A new server (its own runtime, as a new process would have) serving on what
+    /// `handover` holds, with the same "disk".
+    pub fn resume(handover: Handover, disk: Arc<MemoryDevice>) -> Server {
+        Server::start_on(Some(handover.listener), handover.connections, disk)
+    }
+
+    fn start_on(
+        listener: Option<std::net::TcpListener>,
+        resumed: Vec<Parked>,
+        disk: Arc<MemoryDevice>,
+    ) -> Server {
         // RUST_LOG=floe_nbd=debug shows the server's side of a failing test.
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -110,7 +124,6 @@ impl Server {
             .enable_all()
             .build()
             .unwrap();
-        let disk = Arc::new(MemoryDevice::new(DISK_SIZE));
         let mut exports: BTreeMap<String, Arc<dyn BlockDevice>> = BTreeMap::new();
         exports.insert("disk".into(), disk.clone());
         exports.insert(String::new(), Arc::new(MemoryDevice::new(DEFAULT_SIZE)));
@@ -122,14 +135,20 @@ impl Server {
         );
         exports.insert("full".into(), Arc::new(full));
         exports.insert("slow".into(), Arc::new(SlowReads(MemoryDevice::new(MIB))));
-        let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let listener = runtime.block_on(async {
+            match listener {
+                Some(listener) => TcpListener::from_std(listener).unwrap(),
+                None => TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            }
+        });
         let port = listener.local_addr().unwrap().port();
-        let (stop, stopped) = oneshot::channel::<()>();
+        let (stop, stopped) = oneshot::channel::<Stop>();
         let served = runtime.spawn(floe_nbd::serve(
             listener,
             Arc::new(TestExports(exports)),
             Security::default(),
-            stopped,
+            resumed,
+            async { stopped.await.unwrap_or(Stop::Shutdown) },
         ));
         Server {
             port,
@@ -167,10 +186,20 @@ impl Server {
 
     /// Asks `serve` to stop; returns whether it returned within `timeout`.
     pub fn stop(&mut self, timeout: Duration) -> bool {
-        let _ = self.stop.take().expect("stopped once").send(());
+        let _ = self.stop.take().expect("stopped once").send(Stop::Shutdown);
         let served = self.served.take().unwrap();
         self.block_on(async { tokio::time::timeout(timeout, served).await })
             .is_ok()
+    }
+
+    /// Stops `serve` for a handover: its listener and parked connections.
+    pub fn hand_over(&mut self) -> Handover {
+        let _ = self.stop.take().expect("stopped once").send(Stop::Handover);
+        let served = self.served.take().unwrap();
+        self.block_on(async { tokio::time::timeout(Duration::from_secs(10), served).await })
+            .expect("serve returns")
+            .expect("serve did not panic")
+            .expect("a handover")
     }
 }
 

@@ -530,3 +530,49 @@ fn shutdown_answers_in_flight_requests_then_closes() {
     let refused = TcpStream::connect(("127.0.0.1", port));
     assert!(refused.is_err(), "the listener is closed");
 }
+
+#[test]
+fn a_handover_keeps_attached_clients_and_the_listener() {
+    let mut server = Server::start();
+    let port = server.port;
+    let disk = server.disk.clone();
+    // A structured client (its base:allocation context goes along) with a request
+    // in flight on a slow export, and a plain one with half a request sent.
+    let mut busy = Raw::attach(port, "slow", false);
+    busy.request(0, CMD_READ, 1, 0, 4096, &[]);
+    let mut plain = Raw::attach(port, "disk", false);
+    plain.request(0, CMD_WRITE, 2, 8192, 4096, &[0xab; 4096]);
+    assert_eq!(plain.simple_reply(), (0, 2));
+    let mut structured = Raw::attach(port, "disk", true);
+    let read = request(0, CMD_READ, 3, 8192, 4096);
+    plain.send(&read[..10]);
+    std::thread::sleep(Duration::from_millis(50));
+
+    let handover = server.hand_over();
+    assert_eq!(handover.connections.len(), 3, "{:?}", handover.connections);
+    // The in-flight read was answered before the old server let go.
+    assert_eq!(busy.simple_reply(), (0, 1));
+    assert_eq!(busy.read(4096), vec![0; 4096]);
+    drop(server);
+
+    let mut server = Server::resume(handover, disk);
+    assert_eq!(server.port, port);
+    // The half-sent request completes against the new server.
+    plain.send(&read[10..]);
+    assert_eq!(plain.simple_reply(), (0, 3));
+    assert_eq!(plain.read(4096), vec![0xab; 4096]);
+    busy.request(0, CMD_READ, 4, 4096, 4096, &[]);
+    assert_eq!(busy.simple_reply(), (0, 4));
+    assert_eq!(busy.read(4096), vec![0; 4096]);
+    // Structured replies and the selected context survived.
+    structured.request(0, CMD_BLOCK_STATUS, 5, 0, 1 << 20, &[]);
+    let (flags, kind, handle, payload) = structured.chunk();
+    assert_eq!((flags, kind, handle), (1, TYPE_BLOCK_STATUS, 5));
+    assert_eq!(u32_at(&payload, 0), 1, "base:allocation's id");
+    // New clients reach the same listener.
+    let mut fresh = Raw::attach(port, "disk", false);
+    fresh.request(0, CMD_READ, 6, 8192, 4096, &[]);
+    assert_eq!(fresh.simple_reply(), (0, 6));
+    assert_eq!(fresh.read(4096), vec![0xab; 4096]);
+    assert!(server.stop(Duration::from_secs(10)));
+}
