@@ -25,6 +25,7 @@ mod nbd_raw;
 mod netcut;
 mod qos;
 mod scrub;
+mod servers;
 mod snapshots;
 mod stale_reads;
 mod takeover;

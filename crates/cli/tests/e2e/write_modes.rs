@@ -32,14 +32,12 @@
 //! write_modes_ext4.rs; full disks under a flush-epoch volume: full_disk.rs.
 
 use crate::cluster::{free_ports, nbdsh, output, Cluster, TestDir};
+use crate::servers::{Servers, CHUNK_SERVERS, RESTART_LIMIT};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
-use std::ffi::OsString;
-use std::fs::OpenOptions;
 use std::net::TcpStream;
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -52,9 +50,6 @@ const REGION_BLOCKS: u64 = 256;
 /// The demo volume (`Cluster` makes it 1 GiB): the regions of all rounds fit in it.
 const VOLUME_BLOCKS: u64 = (1 << 30) / 4096;
 const CLIENT_LIMIT: Duration = Duration::from_secs(120);
-/// Failure bound of a restart: servers replaying their logs, the cluster registering.
-const RESTART_LIMIT: Duration = Duration::from_secs(120);
-const CHUNK_SERVERS: usize = 6;
 
 /// A write the client sent, from the ledger.
 #[derive(Debug, Clone, Copy)]
@@ -253,99 +248,6 @@ impl Kill {
                 Kill::GatewayAndServers(servers)
             }
             _ => Kill::Everything,
-        }
-    }
-}
-
-/// The chunk servers now running: the demo's, or ones this test started again after
-/// killing them (stopped by PID when dropped).
-struct Servers {
-    pids: Vec<u32>,
-    /// Each server's command line, read from /proc at the cluster's start: a server
-    /// starts again exactly as the demo started it.
-    argv: Vec<Vec<OsString>>,
-    restarted: Vec<Option<Child>>,
-}
-
-impl Servers {
-    fn of(cluster: &Cluster) -> Servers {
-        let pids = cluster.info.chunkserver_pids.clone();
-        assert_eq!(pids.len(), CHUNK_SERVERS);
-        let argv = pids
-            .iter()
-            .map(|pid| {
-                let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .unwrap_or_else(|e| panic!("chunk server {pid}: {e}"));
-                raw.split(|&b| b == 0)
-                    .filter(|arg| !arg.is_empty())
-                    .map(|arg| OsString::from_vec(arg.to_vec()))
-                    .collect()
-            })
-            .collect();
-        Servers {
-            pids,
-            argv,
-            restarted: (0..CHUNK_SERVERS).map(|_| None).collect(),
-        }
-    }
-
-    /// After a kill -9: reaps a server this test had started.
-    fn reap(&mut self, n: usize) {
-        if let Some(mut child) = self.restarted[n].take() {
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts chunk server `n` again, logging where the demo had it log.
-    fn restart(&mut self, n: usize, cluster: &Cluster) {
-        self.reap(n);
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(
-                cluster
-                    .dir
-                    .join("logs")
-                    .join(format!("chunkserver-{n}.log")),
-            )
-            .unwrap();
-        let child = Command::new(&self.argv[n][0])
-            .args(&self.argv[n][1..])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("floe chunkserver starts");
-        self.pids[n] = child.id();
-        self.restarted[n] = Some(child);
-    }
-
-    /// Waits until restarted server `n` listens again (its log replayed).
-    fn wait_listening(&mut self, n: usize, cluster: &Cluster) {
-        let address = format!("127.0.0.1:{}", cluster.port + 1 + n as u16);
-        let deadline = Instant::now() + RESTART_LIMIT;
-        while TcpStream::connect(&address).is_err() {
-            let child = self.restarted[n].as_mut().expect("restarted by the test");
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "chunk server {n} exited after its restart: {status}; see its log in {}",
-                    cluster.dir.join("logs").display()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "chunk server {n} never listened on {address} after its restart"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        for child in self.restarted.iter_mut().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
         }
     }
 }

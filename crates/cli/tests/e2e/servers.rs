@@ -1,0 +1,114 @@
+//! The demo's chunk servers as a test stops and starts them again itself (after a
+//! kill -9, or to upgrade them), each exactly as the demo started it.
+
+use crate::cluster::Cluster;
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::net::TcpStream;
+use std::os::unix::ffi::OsStringExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Failure bound of a restart: servers replaying their logs, the cluster registering.
+pub const RESTART_LIMIT: Duration = Duration::from_secs(120);
+pub const CHUNK_SERVERS: usize = 6;
+
+/// The chunk servers now running: the demo's, or ones this test started again after
+/// killing them (stopped by PID when dropped).
+pub struct Servers {
+    pub pids: Vec<u32>,
+    /// Each server's command line, read from /proc at the cluster's start: a server
+    /// starts again exactly as the demo started it.
+    argv: Vec<Vec<OsString>>,
+    restarted: Vec<Option<Child>>,
+}
+
+impl Servers {
+    pub fn of(cluster: &Cluster) -> Servers {
+        let pids = cluster.info.chunkserver_pids.clone();
+        assert_eq!(pids.len(), CHUNK_SERVERS);
+        let argv = pids
+            .iter()
+            .map(|pid| {
+                let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .unwrap_or_else(|e| panic!("chunk server {pid}: {e}"));
+                raw.split(|&b| b == 0)
+                    .filter(|arg| !arg.is_empty())
+                    .map(|arg| OsString::from_vec(arg.to_vec()))
+                    .collect()
+            })
+            .collect();
+        Servers {
+            pids,
+            argv,
+            restarted: (0..CHUNK_SERVERS).map(|_| None).collect(),
+        }
+    }
+
+    /// After a kill -9: reaps a server this test had started.
+    pub fn reap(&mut self, n: usize) {
+        if let Some(mut child) = self.restarted[n].take() {
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts chunk server `n` again, logging where the demo had it log.
+    pub fn restart(&mut self, n: usize, cluster: &Cluster) {
+        let program = self.argv[n][0].clone();
+        self.restart_from(n, cluster, Path::new(&program));
+    }
+
+    /// Starts chunk server `n` again from the binary at `program` (an upgrade).
+    pub fn restart_from(&mut self, n: usize, cluster: &Cluster, program: &Path) {
+        self.reap(n);
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(
+                cluster
+                    .dir
+                    .join("logs")
+                    .join(format!("chunkserver-{n}.log")),
+            )
+            .unwrap();
+        let child = Command::new(program)
+            .args(&self.argv[n][1..])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("floe chunkserver starts");
+        self.pids[n] = child.id();
+        self.restarted[n] = Some(child);
+    }
+
+    /// Waits until restarted server `n` listens again (its log replayed).
+    pub fn wait_listening(&mut self, n: usize, cluster: &Cluster) {
+        let address = format!("127.0.0.1:{}", cluster.port + 1 + n as u16);
+        let deadline = Instant::now() + RESTART_LIMIT;
+        while TcpStream::connect(&address).is_err() {
+            let child = self.restarted[n].as_mut().expect("restarted by the test");
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "chunk server {n} exited after its restart: {status}; see its log in {}",
+                    cluster.dir.join("logs").display()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "chunk server {n} never listened on {address} after its restart"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for child in self.restarted.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
