@@ -1,8 +1,7 @@
 //! Layers that acknowledge writes before the replicas have them (flush-epoch,
 //! log-commit) go on after they are dropped (the last NBD connection closed) until
-//! every acknowledged write is durable, and a dropped lease is released after. This
-//! counts them, by volume, so that a gateway stopping or upgrading, or a new open of
-//! the same volume, waits for them.
+//! every acknowledged write is durable. This counts them, by volume, so that a gateway
+//! stopping, or a new open of the same volume, waits for them.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

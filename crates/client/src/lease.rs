@@ -357,10 +357,10 @@ impl Drop for Lease {
             generation: self.generation,
         };
         // Counted until answered, so a gateway that stops or upgrades releases its
-        // leases first, and this process's next open of the volume waits for it.
-        let live = crate::draining::Live::new(&self.volume);
+        // leases first (`releases_answered`).
+        let releasing = Releasing::new();
         runtime.spawn(async move {
-            let _live = live;
+            let _releasing = releasing;
             match tokio::time::timeout(RELEASE_LIMIT, master.call(request)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
@@ -374,6 +374,40 @@ impl Drop for Lease {
 
 /// How long a release may wait for the master before the lease is left to expire.
 const RELEASE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Releases of this process still waiting for the master's answer.
+static RELEASING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static RELEASED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Counts one release while it is out.
+struct Releasing;
+
+impl Releasing {
+    fn new() -> Releasing {
+        RELEASING.fetch_add(1, Ordering::SeqCst);
+        Releasing
+    }
+}
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        RELEASING.fetch_sub(1, Ordering::SeqCst);
+        RELEASED.notify_waiters();
+    }
+}
+
+/// Waits until every lease this process dropped was released at the master (or
+/// its release gave up, after `RELEASE_LIMIT`): a gateway stopping or upgrading
+/// waits for this, so the next holder need not wait for the lease to run out.
+pub async fn releases_answered() {
+    loop {
+        let released = RELEASED.notified();
+        if RELEASING.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        released.await;
+    }
+}
 
 /// A name for one attempt to take a lease, unique across this process's attempts and
 /// (by the clock at its first) across its restarts.

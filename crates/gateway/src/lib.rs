@@ -243,6 +243,7 @@ pub async fn run<F>(
         // acknowledged writes retired and its lease released.
         exports.all_closed().await;
         floe_client::draining::drained().await;
+        floe_client::lease::releases_answered().await;
         let error = upgrade::exec(&handover);
         tracing::error!("upgrade failed: {error}; serving on");
         listener = match TcpListener::from_std(handover.listener) {
@@ -255,6 +256,7 @@ pub async fn run<F>(
         resumed = handover.connections;
     }
     // Writes acknowledged early (flush-epoch and log-commit volumes) reach the
-    // replicas first.
+    // replicas first; then the leases are released.
     floe_client::draining::drained().await;
+    floe_client::lease::releases_answered().await;
 }
