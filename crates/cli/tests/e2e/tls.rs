@@ -207,6 +207,12 @@ fn gateway_with_access(cluster: &Cluster, rules: &str, work: &Path, extra: &[&Pa
     }
 }
 
+/// HOST:PORT of the demo's gateway.
+fn nbd_address(cluster: &Cluster) -> String {
+    let uri = cluster.uri().trim_start_matches("nbd://");
+    uri.trim_end_matches("/demo").to_string()
+}
+
 #[test]
 fn nbd_over_tls_with_client_certificates_and_an_access_list() {
     let dir = TestDir::new();
@@ -214,11 +220,7 @@ fn nbd_over_tls_with_client_certificates_and_an_access_list() {
     let certs = cluster.info.certs.clone().expect("the demo runs TLS");
     let client = certs.join("client");
     let work = TestDir::new();
-    let nbd = cluster
-        .uri()
-        .trim_start_matches("nbd://")
-        .trim_end_matches("/demo")
-        .to_string();
+    let nbd = nbd_address(&cluster);
     let nbds = |address: &str, export: &str| {
         format!(
             "nbds://{address}/{export}?tls-certificates={}",
@@ -297,11 +299,7 @@ fn nbd_over_tls_with_pre_shared_keys_and_an_access_list() {
     let psk_dir = certs.join("psk");
     let keys = psk_dir.join("keys.psk");
     let work = TestDir::new();
-    let nbd = cluster
-        .uri()
-        .trim_start_matches("nbd://")
-        .trim_end_matches("/demo")
-        .to_string();
+    let nbd = nbd_address(&cluster);
     let nbds = |who: &str, address: &str, export: &str, keys: &Path| {
         format!(
             "nbds://{who}@{address}/{export}?tls-psk-file={}",
