@@ -1,11 +1,14 @@
-//! Upgrades under a writing client (URSA section 5.2). A gateway: the binary is
-//! replaced, `floe gateway upgrade` makes the running gateway exec it, and the
-//! client's one NBD connection goes on without an error or a reconnect. Chunk
+//! Upgrades under writing clients (URSA section 5.2). A gateway, 20 times: the
+//! binary is replaced, `floe gateway upgrade` makes the running gateway exec it, and
+//! each client's one NBD connection (fio verifying, qemu-io, a libnbd writer) goes on
+//! without an error or a reconnect. Chunk
 //! servers: stopped and started on the new binary one at a time; the replicas keep
 //! the volume writable. Afterwards the volume holds exactly what the client's ledger
 //! says it wrote, and its replicas agree.
 
 use crate::cluster::{ok, Cluster, Spawned, TestDir, FLOE};
+use crate::fio_job::{assert_clean, FioJob, Verify};
+use crate::io_helpers::text;
 use crate::io_helpers::wait_until;
 use crate::servers::{Servers, CHUNK_SERVERS, RESTART_LIMIT};
 use std::os::unix::fs::MetadataExt;
@@ -15,6 +18,9 @@ use std::time::Duration;
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/upgrade_client.py");
 const BLOCK: usize = 65536;
+/// Gateway upgrades under the clients.
+const UPGRADES: u32 = 20;
+const QEMU_IO_ROUNDS: usize = 400;
 
 /// Installs the floe binary at `path` as a package manager would: a new file renamed
 /// over the old one (the running process keeps the old file).
@@ -85,11 +91,27 @@ fn a_gateway_upgrades_in_place_under_a_writing_client() {
     wait_until("the gateway listens", Duration::from_secs(30), || {
         std::net::TcpStream::connect(&address).is_ok()
     });
-    let writer = writer(&format!("nbd://{address}/demo"), "12", None);
+    let uri = format!("nbd://{address}/demo");
+    // Three clients, each on its own region: the ledger writer (the first 16 MiB),
+    // fio writing 16 MiB with checksums and reading them back (from 32 MiB, rate
+    // limited so it lasts through the upgrades), and qemu-io writing and checking
+    // patterns (from 96 MiB).
+    let stop = work.path().join("stop");
+    let writer = writer(&uri, "120", Some(&stop));
+    let fio = FioJob::new("upgrade", &uri, work.path())
+        .rw("randwrite")
+        .bs("4k")
+        .offset("32M")
+        .size("16M")
+        .iodepth(16)
+        .rate("2m")
+        .verify(Verify::WriteAndRead)
+        .spawn();
+    let qemu_io = qemu_io(&uri, work.path());
 
-    // Two upgrades while it writes: to a new binary, then again.
-    for round in 1..=2 {
-        std::thread::sleep(Duration::from_secs(3));
+    for round in 1..=UPGRADES {
+        std::thread::sleep(Duration::from_millis(500));
+        // A new binary each time, installed as package managers do.
         let old = running_binary(pid);
         install(&binary);
         let new = std::fs::metadata(&binary).unwrap().ino();
@@ -99,12 +121,48 @@ fn a_gateway_upgrades_in_place_under_a_writing_client() {
         assert_eq!(running_binary(pid), new, "the gateway runs the new binary");
     }
 
+    let qemu_io = qemu_io.wait_with_output().unwrap();
+    let said = text(&qemu_io);
+    assert!(
+        qemu_io.status.success() && !said.contains("failed") && !said.contains("error"),
+        "{said}"
+    );
+    assert_eq!(
+        said.matches("read 65536/65536").count(),
+        QEMU_IO_ROUNDS,
+        "{said}"
+    );
+    assert_clean(&fio.wait_with_output().unwrap(), "verify during upgrades");
+    std::fs::write(&stop, "").unwrap();
     let report = report(writer);
+    eprintln!(
+        "{UPGRADES} upgrades; the ledger writer's longest wait for a write and its read-back: {:.3}s",
+        report["longest_pause"].as_f64().unwrap()
+    );
     assert_eq!(
         gateway.0.try_wait().unwrap(),
         None,
         "the gateway is still running"
     );
+
+    // Each client kept its connection: none attached after the first upgrade, and
+    // the first upgrades carried all three (fio and qemu-io may end before the last).
+    let log = std::fs::read_to_string(work.path().join("gateway.log")).unwrap();
+    let upgrades = log.split("upgrading: parking clients").skip(1);
+    assert!(
+        upgrades
+            .clone()
+            .all(|after| !after.contains("client attached")),
+        "a client connected again:\n{log}"
+    );
+    assert_eq!(upgrades.count(), UPGRADES as usize, "{log}");
+    assert!(log.contains("connections=3"), "{log}");
+    let handed = log.matches("client handed over").count();
+    assert!(
+        handed >= 2 * UPGRADES as usize,
+        "{handed} handovers:\n{log}"
+    );
+    assert!(!log.contains("a handed-over client is lost"), "{log}");
 
     // Stopped like any gateway, it releases the volume; the demo's gateway reads
     // what the ledger says.
@@ -112,8 +170,26 @@ fn a_gateway_upgrades_in_place_under_a_writing_client() {
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     assert!(gateway.0.wait().unwrap().success());
     check_ledger(&report, cluster.uri());
-    let log = std::fs::read_to_string(work.path().join("gateway.log")).unwrap();
-    assert_eq!(log.matches("client handed over").count(), 2, "{log}");
+}
+
+/// qemu-io writing a pattern to a 64 KiB block and reading it back, `QEMU_IO_ROUNDS`
+/// times, 25 ms apart, from 96 MiB on: commands on stdin, one connection.
+fn qemu_io(uri: &str, work: &Path) -> std::process::Child {
+    let commands: String = (0..QEMU_IO_ROUNDS)
+        .map(|i| {
+            let (pattern, at) = (i % 250 + 1, (96 << 20) + (i % 256) * BLOCK);
+            format!("write -P {pattern} {at} 64k\nread -P {pattern} {at} 64k\nsleep 25\n")
+        })
+        .collect();
+    let path = work.join("qemu-io.commands");
+    std::fs::write(&path, commands + "quit\n").unwrap();
+    Command::new("qemu-io")
+        .args(["-f", "raw", uri])
+        .stdin(std::fs::File::open(path).unwrap())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 #[test]
