@@ -176,9 +176,9 @@ enum Command {
         #[command(flatten)]
         metrics: metrics::MetricsArgs,
     },
-    /// Serve volumes over NFSv3 as image files of their size in one directory (the
-    /// export `/`; mount and nfs on the one port, no portmapper). NFSv3 trusts what
-    /// clients say of themselves: serve it on loopback or a storage network only.
+    /// Serve volumes over NFSv3 as image files of their size in one directory, the
+    /// export `/floe` (mount, nfs and a portmapper that names this port, all on it).
+    /// NFSv3 trusts what clients say of themselves: loopback or a storage network only.
     Nfs {
         /// Address to serve NFS clients on; beyond loopback only with --insecure.
         #[arg(long, default_value = "127.0.0.1:2049")]
