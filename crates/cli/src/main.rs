@@ -95,6 +95,10 @@ enum Command {
         /// Start every process with `--metrics-listen off`.
         #[arg(long)]
         no_metrics: bool,
+        /// Also serve the volumes over NFSv3 (`floe nfs`) on this port of 127.0.0.1;
+        /// 111 lets clients that ask the portmapper (QEMU's nfs driver) find it.
+        #[arg(long)]
+        nfs_port: Option<u16>,
     },
     /// Run the master.
     Master {
@@ -523,6 +527,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             journal_quota,
             plain,
             no_metrics,
+            nfs_port,
         } => {
             demo::run(demo::Options {
                 dir,
@@ -538,6 +543,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 journal_quota,
                 plain,
                 no_metrics,
+                nfs_port,
             })
             .await
         }
