@@ -13,8 +13,8 @@ use bytes::Bytes;
 use floe_blockdev::{BlockDevice, IoError};
 use floe_gateway::Volumes;
 use nfs3_server::nfs3_types::nfs3::{
-    createverf3, fattr3, filename3, ftype3, nfspath3, nfsstat3, nfstime3, sattr3, specdata3,
-    stable_how, Nfs3Option,
+    createverf3, fattr3, filename3, ftype3, nfspath3, nfsstat3, nfstime3, post_op_attr, sattr3,
+    specdata3, stable_how, FSINFO3resok, Nfs3Option, FSF3_CANSETTIME, FSF3_HOMOGENEOUS,
 };
 use nfs3_server::vfs::{
     DirEntryPlus, FileHandleU64, NextResult, NfsFileSystem, NfsReadFileSystem, ReadDirPlusIterator,
@@ -280,6 +280,29 @@ impl NfsReadFileSystem for Files {
 
     async fn readlink(&self, _id: &FileHandleU64) -> Result<nfspath3<'_>, nfsstat3> {
         Err(nfsstat3::NFS3ERR_INVAL)
+    }
+
+    /// The library's defaults but for the largest file: a volume may be larger than its
+    /// 128 GiB, and clients refuse offsets beyond `maxfilesize` themselves.
+    async fn fsinfo(&self, root: &FileHandleU64) -> Result<FSINFO3resok, nfsstat3> {
+        const MAX_TRANSFER_BYTES: u32 = 1 << 20;
+        Ok(FSINFO3resok {
+            obj_attributes: post_op_attr::Some(self.getattr(root).await?),
+            rtmax: MAX_TRANSFER_BYTES,
+            rtpref: MAX_TRANSFER_BYTES,
+            rtmult: 4096,
+            wtmax: MAX_TRANSFER_BYTES,
+            wtpref: MAX_TRANSFER_BYTES,
+            wtmult: 4096,
+            dtpref: MAX_TRANSFER_BYTES,
+            maxfilesize: i64::MAX as u64,
+            time_delta: nfstime3 {
+                seconds: 1,
+                nseconds: 0,
+            },
+            // No symlinks, no hard links.
+            properties: FSF3_HOMOGENEOUS | FSF3_CANSETTIME,
+        })
     }
 }
 

@@ -89,9 +89,8 @@ fn nfs_exports_volumes_to_qemu_and_libnfs_under_the_gateways_leases() {
     let dir = TestDir::new();
     let work = TestDir::new();
     let cluster = Cluster::start(dir.path());
-    // Flush-epoch: writes are acknowledged before the replicas have them, and only a
-    // FLUSH waits for them, so a COMMIT must reach the volume's FLUSH for the data to
-    // outlive the kill below.
+    // Write-back: a FLUSH makes the writes before it durable (on flush-epoch and
+    // log-commit volumes it is an ordering point only, as over NBD).
     cluster.floe(&[
         "volume",
         "create",
@@ -99,7 +98,7 @@ fn nfs_exports_volumes_to_qemu_and_libnfs_under_the_gateways_leases() {
         "--size",
         "64M",
         "--write-mode",
-        "flush-epoch",
+        "write-back",
     ]);
     let nbd = cluster.uri().replace("/demo", "/nfsvol");
     let nfs = Nfs::start(&cluster, work.path());
@@ -135,7 +134,19 @@ fn nfs_exports_volumes_to_qemu_and_libnfs_under_the_gateways_leases() {
     ok(Command::new("nbdcopy").arg(&nbd).arg(&read));
     same_bytes(&written, &read, "qemu-img into NFS, nbdcopy out of NBD");
 
+    // A snapshot is a read-only file beside its volume, and keeps what it was taken
+    // over while the volume is written.
+    cluster.floe(&["snapshot", "create", "nfsvol@first"]);
+    let listing = ok(Command::new("nfs-ls").arg(libnfs_url("")));
+    let snapshot = listing.lines().find(|l| l.ends_with(" nfsvol@first"));
+    assert!(
+        snapshot.is_some_and(|l| l.starts_with("-r--r--r--") && l.contains(" 67108864 ")),
+        "{listing}"
+    );
+
     // In through NBD, out through NFS.
+    let first = written;
+    let written = work.path().join("in2.raw");
     random_file(&written, VOLUME_BYTES);
     ok(Command::new("nbdcopy").arg(&written).arg(&nbd));
     // While a gateway holds the volume, NFS refuses it with EIO and logs who holds it.
@@ -157,6 +168,11 @@ fn nfs_exports_volumes_to_qemu_and_libnfs_under_the_gateways_leases() {
     let read = work.path().join("out2.raw");
     ok(Command::new("nfs-cp").arg(libnfs_url("nfsvol")).arg(&read));
     same_bytes(&written, &read, "nbdcopy into NBD, nfs-cp out of NFS");
+    let read = work.path().join("out3.raw");
+    ok(Command::new("nfs-cp")
+        .arg(libnfs_url("nfsvol@first"))
+        .arg(&read));
+    same_bytes(&first, &read, "the snapshot, with nfs-cp");
 
     // Writes past the end, and changes to the directory, are refused; the server
     // serves on.
