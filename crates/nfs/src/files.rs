@@ -171,7 +171,10 @@ impl Files {
                 .collect()
         };
         for fileid in quiet {
-            self.close(fileid, |held| held.used.elapsed() >= idle).await;
+            // Not while a request holds the stack: it would outlive the lease.
+            let unused =
+                |held: &Held| held.used.elapsed() >= idle && Arc::strong_count(&held.device) == 1;
+            self.close(fileid, unused).await;
         }
     }
 
@@ -183,16 +186,14 @@ impl Files {
         }
     }
 
-    /// Closes `fileid` if `still` holds once nothing else uses it, after a flush: an
-    /// UNSTABLE write not yet committed becomes durable before the lease goes. A flush
-    /// that fails keeps the volume open, so the client's COMMIT still learns of it.
+    /// Closes `fileid` if `still` holds, after a flush: an UNSTABLE write not yet
+    /// committed is flushed before the lease goes. A flush that fails keeps the volume
+    /// open, so the client's COMMIT still learns of it.
     async fn close(&self, fileid: u64, still: impl Fn(&Held) -> bool) {
         let held = {
             let mut open = self.0.open.lock().unwrap();
             match open.get(&fileid) {
-                Some(held) if still(held) && Arc::strong_count(&held.device) == 1 => {
-                    open.remove(&fileid)
-                }
+                Some(held) if still(held) => open.remove(&fileid),
                 _ => None,
             }
         };
@@ -464,5 +465,54 @@ impl ReadDirPlusIterator<FileHandleU64> for Directory {
             name_attributes: Some(file_attributes(entry)),
             name_handle: Some(FileHandleU64::new(entry.fileid)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(fileid: u64, name: &str) -> Entry {
+        Entry {
+            fileid,
+            name: name.to_string(),
+            size_bytes: 1 << 20,
+            writable: !name.contains('@'),
+        }
+    }
+
+    /// A READDIRPLUS resumed at a cookie continues after the entry that cookie came
+    /// with; snapshots are read-only files.
+    #[test]
+    fn a_listing_resumes_after_its_cookie() {
+        let entries = Arc::new(vec![entry(2, "a"), entry(3, "a@s"), entry(4, "b")]);
+        let names = |cookie: u64| {
+            let mut directory = Directory {
+                entries: entries.clone(),
+                next: cookie as usize,
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let mut seen = Vec::new();
+            while let NextResult::Ok(e) = runtime.block_on(directory.next()) {
+                let attributes = e.name_attributes.expect("attributes");
+                let name = String::from_utf8(e.name.as_ref().to_vec()).unwrap();
+                seen.push((name, e.cookie, attributes.mode, attributes.size));
+            }
+            seen
+        };
+        let all = names(0);
+        assert_eq!(
+            all.iter()
+                .map(|(n, c, ..)| (n.as_str(), *c))
+                .collect::<Vec<_>>(),
+            [("a", 1), ("a@s", 2), ("b", 3)]
+        );
+        assert_eq!(all[1].2, 0o444);
+        assert_eq!(all[0].2, 0o644);
+        assert!(all.iter().all(|(.., size)| *size == 1 << 20));
+        assert_eq!(names(all[0].1), all[1..]);
+        assert!(names(3).is_empty());
     }
 }
