@@ -2,7 +2,9 @@
 # Installs the Debian packages Floe needs, only those missing.
 #   build:  protobuf-compiler (etcd-client generates its gRPC code at build time),
 #           libssl-dev and pkg-config (OpenSSL serves NBD's TLS-PSK)
-#   test:   the real NBD clients and tools the end-to-end tests drive, etcd,
+#   test:   the real NBD clients and tools the end-to-end tests drive, the NFS
+#           clients (libnfs-utils: nfs-ls, nfs-cp; qemu-block-extra: QEMU's nfs
+#           driver), etcd,
 #           nftables (network cuts), ceph-base for crushtool (placement is checked
 #           bit-exact against it)
 #   bench:  what bench/run compares against and draws with: fio, nbdkit, Ceph 16
@@ -10,7 +12,7 @@
 set -euo pipefail
 want=(protobuf-compiler libssl-dev pkg-config)
 case "${1:-}" in
-  --test) want+=(fio qemu-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux nftables ceph-base) ;;
+  --test) want+=(fio qemu-utils qemu-block-extra libnfs-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux nftables ceph-base) ;;
   --bench) want+=(fio nbdkit ceph-mon ceph-osd ceph-mgr ceph-common librbd1 python3 python3-matplotlib strace) ;;
   "") ;;
   *) echo "usage: $0 [--test|--bench]" >&2; exit 2 ;;

@@ -35,6 +35,8 @@ pub struct Options {
     pub journal_quota: u64,
     pub plain: bool,
     pub no_metrics: bool,
+    /// Also serve the volumes over NFSv3 (`floe nfs`) on this port.
+    pub nfs_port: Option<u16>,
 }
 
 /// Prints a line of the demo's report; a closed stdout (`floe demo | head`) ends the
@@ -75,6 +77,8 @@ struct DemoFile {
     master_pids: Vec<u32>,
     chunkserver_pids: Vec<u32>,
     gateway_pid: u32,
+    /// `floe nfs`, with `--nfs-port`.
+    nfs_pid: Option<u32>,
     /// The cluster's certificates (`NAME.pem` per process, `admin.pem`, `ca.pem`),
     /// unless `--plain`.
     certs: Option<PathBuf>,
@@ -99,6 +103,8 @@ impl Credentials {
             (0..CHUNK_SERVERS.len()).map(|i| (format!("chunkserver-{i}"), Role::Chunkserver));
         let others = [
             ("gateway".to_string(), Role::Gateway),
+            // It opens volumes, takes leases and writes as the gateway does.
+            ("nfs".to_string(), Role::Gateway),
             ("admin".to_string(), Role::Admin),
             (NBD_CLIENT.to_string(), Role::Client),
         ];
@@ -320,7 +326,8 @@ pub async fn run(options: Options) -> Result<(), String> {
     Ok(())
 }
 
-/// Stops the gateway first (no new I/O), then chunk servers, then the master.
+/// Stops the front ends first (NFS, then the gateway: no new I/O), then chunk
+/// servers, then the master.
 fn stop_all(processes: &mut [Process]) {
     for p in processes.iter_mut().rev() {
         p.stop();
@@ -499,6 +506,19 @@ async fn start(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let nfs_address = match options.nfs_port {
+        Some(port) => {
+            let nfs = start_nfs(port, master_address, deadline, logs, &spawn, processes);
+            Some(nfs.await?)
+        }
+        None => None,
+    };
+    let pid_of = |name: &str| {
+        processes
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.child.id())
+    };
     let uri = format!("nbd://{nbd_address}/demo");
     let file = DemoFile {
         nbd_uri: uri.clone(),
@@ -512,7 +532,8 @@ async fn start(
             .iter()
             .map(|p| p.child.id())
             .collect(),
-        gateway_pid: processes.last().expect("gateway").child.id(),
+        gateway_pid: pid_of("gateway").expect("the gateway started"),
+        nfs_pid: pid_of("nfs"),
         certs: credentials.map(|c| c.dir.clone()),
         metrics: processes
             .iter()
@@ -544,6 +565,19 @@ async fn start(
         }
         None => say!("  plain TCP between the processes (--plain)"),
     }
+    if let Some(address) = &nfs_address {
+        let port = options.nfs_port.unwrap_or_default();
+        say!("  NFSv3 at {address}, export {}:", floe_nfs::EXPORT);
+        say!(
+            "    nfs-ls 'nfs://127.0.0.1{}/?nfsport={port}&mountport={port}&version=3'",
+            floe_nfs::EXPORT
+        );
+        say!(
+            "    mount -t nfs -o vers=3,tcp,port={port},mountport={port},nolock \
+             127.0.0.1:{} /mnt",
+            floe_nfs::EXPORT
+        );
+    }
     say!(
         "  logs: {}   status: . {}; floe status",
         logs.display(),
@@ -561,6 +595,40 @@ async fn start(
         dir.display()
     );
     Ok(())
+}
+
+/// Starts `floe nfs` on 127.0.0.1:`port`; ready when the port accepts connections
+/// and the process still runs.
+async fn start_nfs(
+    port: u16,
+    master_address: &str,
+    deadline: Instant,
+    logs: &Path,
+    spawn: &impl Fn(&str, Vec<String>, &str) -> Result<Process, String>,
+    processes: &mut Vec<Process>,
+) -> Result<String, String> {
+    let address = format!("127.0.0.1:{port}");
+    say!("starting nfs on {address}");
+    let nfs_args = args(&["nfs", "--listen", &address, "--master", master_address]);
+    processes.push(spawn("nfs", nfs_args, &address)?);
+    loop {
+        let listening = tokio::net::TcpStream::connect(&address).await.is_ok();
+        if listening {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let nfs = processes.last_mut().expect("nfs pushed");
+        nfs.check(logs);
+        if nfs.exited || Instant::now() > deadline {
+            return Err(format!(
+                "floe nfs did not start on {address} (is the port taken?); see {}",
+                logs.join("nfs.log").display()
+            ));
+        }
+        if listening {
+            return Ok(address);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The CLI's settings for this cluster, as shell exports.

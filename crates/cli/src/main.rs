@@ -96,6 +96,10 @@ enum Command {
         /// Start every process with `--metrics-listen off`.
         #[arg(long)]
         no_metrics: bool,
+        /// Also serve the volumes over NFSv3 (`floe nfs`) on this port of 127.0.0.1;
+        /// 111 lets clients that ask the portmapper (QEMU's nfs driver) find it.
+        #[arg(long)]
+        nfs_port: Option<u16>,
     },
     /// Run the master.
     Master {
@@ -183,6 +187,24 @@ enum Command {
         /// are otherwise made to start TLS; without, refused).
         #[arg(long)]
         nbd_allow_plain: bool,
+        #[command(flatten)]
+        metrics: metrics::MetricsArgs,
+    },
+    /// Serve volumes over NFSv3 as image files of their size in one directory, the
+    /// export `/floe` (mount, nfs and a portmapper that names this port, all on it).
+    /// NFSv3 trusts what clients say of themselves: loopback or a storage network only.
+    Nfs {
+        /// Address to serve NFS clients on; beyond loopback only with --insecure.
+        #[arg(long, default_value = "127.0.0.1:2049")]
+        listen: String,
+        /// Bytes of writes acknowledged early (flush-epoch and log-commit volumes) a
+        /// volume may hold in memory before they retire; beyond, writes wait.
+        #[arg(long, default_value = "64M", value_parser = size::parse)]
+        unretired_limit: u64,
+        /// Close a volume (flushed, its lease released) no request touched for this
+        /// long; the next request opens it again.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        idle_close: std::time::Duration,
         #[command(flatten)]
         metrics: metrics::MetricsArgs,
     },
@@ -468,13 +490,16 @@ async fn bind(address: &str) -> Result<tokio::net::TcpListener, String> {
     }
 }
 
+fn is_loopback(listen: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    listen
+        .to_socket_addrs()
+        .is_ok_and(|mut addresses| addresses.all(|a| a.ip().is_loopback()))
+}
+
 /// A master or chunk server in the clear serves loopback only, unless `allowed`.
 fn refuse_plain_beyond_loopback(listen: &str, allowed: bool) -> Result<(), String> {
-    use std::net::ToSocketAddrs;
-    let loopback = listen
-        .to_socket_addrs()
-        .is_ok_and(|mut addresses| addresses.all(|a| a.ip().is_loopback()));
-    if allowed || loopback {
+    if allowed || is_loopback(listen) {
         return Ok(());
     }
     Err(format!(
@@ -548,6 +573,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             journal_quota,
             plain,
             no_metrics,
+            nfs_port,
         } => {
             demo::run(demo::Options {
                 dir,
@@ -563,6 +589,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 journal_quota,
                 plain,
                 no_metrics,
+                nfs_port,
             })
             .await
         }
@@ -704,6 +731,31 @@ async fn execute(cli: Cli) -> Result<(), String> {
             floe_gateway::run(listener, resumed, &cli.master, options, gateway_signal).await;
             Ok(())
         }
+        Command::Nfs {
+            listen,
+            unretired_limit,
+            idle_close,
+            metrics,
+        } => {
+            // Certificates protect the cluster's own connections, not NFS: a client
+            // names its own uid and gid (AUTH_UNIX) and nothing checks them.
+            if !cli.insecure && !is_loopback(&listen) {
+                return Err(format!(
+                    "refusing to serve NFS on {listen}: NFSv3 has no authentication, so \
+                     anyone who reaches it could read and write every volume; serve it \
+                     on loopback, or give --insecure on a network only hypervisors reach"
+                ));
+            }
+            if idle_close.is_zero() {
+                return Err("--idle-close must be more than 0".into());
+            }
+            metrics.start(&listen).await?;
+            let options = floe_nfs::Options {
+                unretired_limit,
+                idle_close,
+            };
+            floe_nfs::run(&listen, &cli.master, options, stop_signal()).await
+        }
         Command::Volume(command) => match command {
             VolumeCommand::Create {
                 name,
@@ -770,6 +822,7 @@ fn main() {
         Command::Master { .. }
             | Command::Chunkserver { run: Some(_), .. }
             | Command::Gateway { admin: None, .. }
+            | Command::Nfs { .. }
     ) {
         init_logging();
     } else if !matches!(cli.command, Command::Demo { .. }) {

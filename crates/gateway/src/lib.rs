@@ -11,54 +11,28 @@ mod access;
 mod export_name;
 pub mod measured;
 pub mod upgrade;
+mod volumes;
 
 pub use access::AccessList;
 use export_name::ExportName;
 pub use floe_nbd::{Parked, PskKeys, Stop};
+pub use volumes::Volumes;
 
 use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use floe_client::master::MasterClient;
 use floe_nbd::{Client, Exports, Refusal, Security};
 use floe_protocol::tls::Identity;
-use std::collections::BTreeMap;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use tokio::net::TcpListener;
-use tokio::sync::Mutex;
 
 struct VolumeExports {
-    master: Arc<MasterClient>,
-    /// Lease holder name shown to a second gateway; `None`: read-only, no leases.
-    holder: Option<String>,
-    /// Bytes of writes acknowledged early a volume may hold unretired.
-    unretired_limit: u64,
-    /// Stale reads' bound (read-only gateways).
-    staleness: Option<std::time::Duration>,
+    volumes: Volumes,
     /// Who may open what; `None`: anyone the transport lets in, writable.
     access: Option<AccessList>,
-    /// Open exports (name, writable); held weakly so a volume closes with its last
-    /// connection.
-    open: Mutex<BTreeMap<(String, bool), Weak<dyn BlockDevice>>>,
 }
 
 impl VolumeExports {
-    /// Waits until no export is open: the last connection of each is gone, and the
-    /// requests it ran have let go of the volume.
-    async fn all_closed(&self) {
-        loop {
-            let open = self
-                .open
-                .lock()
-                .await
-                .values()
-                .any(|d| d.strong_count() > 0);
-            if !open {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    }
-
     /// Whether `client` may open `export`, and writable; `Err` says why not.
     fn grant(&self, export: &ExportName<'_>, client: &Client) -> Result<bool, Refusal> {
         let Some(access) = &self.access else {
@@ -86,22 +60,7 @@ impl VolumeExports {
 #[async_trait]
 impl Exports for VolumeExports {
     async fn list(&self) -> Result<Vec<String>, String> {
-        let volumes = self
-            .master
-            .list_volumes()
-            .await
-            .map_err(|e| e.to_string())?;
-        // Snapshots are exports of their own: VOLUME@SNAPSHOT, read-only.
-        Ok(volumes
-            .into_iter()
-            .flat_map(|v| {
-                let snapshots = v
-                    .snapshots
-                    .iter()
-                    .map(|s| format!("{}@{}", v.spec.name, s.name));
-                std::iter::once(v.spec.name.clone()).chain(snapshots.collect::<Vec<_>>())
-            })
-            .collect())
+        self.volumes.names().await
     }
 
     /// `floe:changed-since:SNAPSHOT`: what changed since the volume's snapshot, up to
@@ -113,7 +72,7 @@ impl Exports for VolumeExports {
             other => (other.volume(), None),
         };
         let changed =
-            floe_client::snapshot::diff::changed(self.master.clone(), volume, since, until);
+            floe_client::snapshot::diff::changed(self.volumes.master.clone(), volume, since, until);
         match changed.await {
             Ok(ranges) => Some(ranges),
             Err(e) => {
@@ -124,44 +83,8 @@ impl Exports for VolumeExports {
     }
 
     async fn open(&self, name: &str, client: &Client) -> Result<Arc<dyn BlockDevice>, Refusal> {
-        let export = ExportName::parse(name)?;
-        let writable = self.grant(&export, client)?;
-        let key = (name.to_string(), writable);
-        // Held across the master call so two connections opening at once share a stack.
-        let mut open = self.open.lock().await;
-        if let Some(device) = open.get(&key).and_then(Weak::upgrade) {
-            return Ok(device);
-        }
-        let device = match export {
-            ExportName::Snapshot { volume, snapshot } => {
-                tracing::info!(volume, snapshot, "opening a snapshot");
-                floe_client::open_snapshot(self.master.clone(), volume, snapshot).await?
-            }
-            ExportName::Stale { volume, staleness } => {
-                tracing::info!(volume, ?staleness, "opening for stale reads");
-                let access = floe_client::Access::Stale { staleness };
-                floe_client::open_volume(self.master.clone(), volume, access).await?
-            }
-            ExportName::Volume(volume) => {
-                let holder = self.holder.as_ref().filter(|_| writable);
-                let access = match holder {
-                    Some(holder) => floe_client::Access::Write {
-                        holder,
-                        unretired_limit: self.unretired_limit,
-                    },
-                    None => match self.staleness {
-                        Some(staleness) => floe_client::Access::Stale { staleness },
-                        None => floe_client::Access::Read,
-                    },
-                };
-                tracing::info!(volume, "opening a volume");
-                floe_client::open_volume(self.master.clone(), volume, access).await?
-            }
-        };
-        let device: Arc<dyn BlockDevice> = Arc::new(measured::Measured::new(device, name));
-        open.retain(|_, d| d.strong_count() > 0);
-        open.insert(key, Arc::downgrade(&device));
-        Ok(device)
+        let writable = self.grant(&ExportName::parse(name)?, client)?;
+        Ok(self.volumes.open(name, writable).await?)
     }
 }
 
@@ -216,12 +139,13 @@ pub async fn run<F>(
         .map(|a| a.to_string())
         .unwrap_or_default();
     let exports = Arc::new(VolumeExports {
-        master: Arc::new(MasterClient::new(master)),
-        holder: (!read_only).then(|| format!("gateway {address} (pid {})", std::process::id())),
-        unretired_limit,
-        staleness,
+        volumes: Volumes::new(
+            Arc::new(MasterClient::new(master)),
+            (!read_only).then(|| format!("gateway {address} (pid {})", std::process::id())),
+            unretired_limit,
+            staleness,
+        ),
         access,
-        open: Mutex::default(),
     });
     let security = Security {
         tls: floe_protocol::tls::installed().map(|tls| tls.nbd.clone()),
@@ -241,7 +165,7 @@ pub async fn run<F>(
         let Some(handover) = served.await else { break };
         // The next image opens the volumes again: each must be closed first, its
         // acknowledged writes retired and its lease released.
-        exports.all_closed().await;
+        exports.volumes.all_closed().await;
         floe_client::draining::drained().await;
         floe_client::lease::releases_answered().await;
         let error = upgrade::exec(&handover);

@@ -1,5 +1,6 @@
 //! End-to-end tests: real Floe processes on loopback, driven by NBD clients we did not
-//! write (qemu-img, qemu-io, nbdinfo, nbdcopy, nbdsh, fio, nbdfuse + ext4).
+//! write (qemu-img, qemu-io, nbdinfo, nbdcopy, nbdsh, fio, nbdfuse + ext4, and over
+//! NFS qemu-img, qemu-io and libnfs's tools).
 
 mod bad_input;
 mod cli_ux;
@@ -23,6 +24,7 @@ mod masters;
 mod metrics;
 mod nbd_raw;
 mod netcut;
+mod nfs;
 mod qos;
 mod scrub;
 mod servers;

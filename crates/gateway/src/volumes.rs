@@ -1,0 +1,123 @@
+//! `Volumes`: opens exports by name (`VOLUME`, `VOLUME@SNAPSHOT`, `VOLUME~STALENESS`)
+//! through the client crate, one shared, measured stack per open export. The NBD
+//! gateway and the NFS front end (`floe-nfs`) both open volumes here, so both take
+//! leases, honour write modes and count requests the same way.
+
+use crate::export_name::ExportName;
+use crate::measured;
+use floe_blockdev::BlockDevice;
+use floe_client::master::MasterClient;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+pub struct Volumes {
+    pub(crate) master: Arc<MasterClient>,
+    /// Lease holder name shown to a second gateway; `None`: read-only, no leases.
+    holder: Option<String>,
+    /// Bytes of writes acknowledged early a volume may hold unretired.
+    unretired_limit: u64,
+    /// Stale reads' bound (read-only gateways).
+    staleness: Option<Duration>,
+    /// Open exports (name, writable); held weakly so a volume closes (and its lease
+    /// is released) with its last user.
+    open: Mutex<BTreeMap<(String, bool), Weak<dyn BlockDevice>>>,
+}
+
+impl Volumes {
+    /// `holder`: the name writable opens take leases in; `None` opens every volume
+    /// read-only.
+    pub fn new(
+        master: Arc<MasterClient>,
+        holder: Option<String>,
+        unretired_limit: u64,
+        staleness: Option<Duration>,
+    ) -> Volumes {
+        Volumes {
+            master,
+            holder,
+            unretired_limit,
+            staleness,
+            open: Mutex::default(),
+        }
+    }
+
+    /// Every export: each volume, and each of its snapshots as `VOLUME@SNAPSHOT`.
+    pub async fn names(&self) -> Result<Vec<String>, String> {
+        let volumes = self
+            .master
+            .list_volumes()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(volumes
+            .into_iter()
+            .flat_map(|v| {
+                let snapshots = v
+                    .snapshots
+                    .iter()
+                    .map(|s| format!("{}@{}", v.spec.name, s.name));
+                std::iter::once(v.spec.name.clone()).chain(snapshots.collect::<Vec<_>>())
+            })
+            .collect())
+    }
+
+    /// Opens export `name`, writable (taking the volume's lease) if `writable` and this
+    /// is not a read-only front end; an export already open is shared.
+    pub async fn open(&self, name: &str, writable: bool) -> Result<Arc<dyn BlockDevice>, String> {
+        let export = ExportName::parse(name)?;
+        let key = (name.to_string(), writable);
+        // Held across the master call so two users opening at once share a stack.
+        let mut open = self.open.lock().await;
+        if let Some(device) = open.get(&key).and_then(Weak::upgrade) {
+            return Ok(device);
+        }
+        let device = match export {
+            ExportName::Snapshot { volume, snapshot } => {
+                tracing::info!(volume, snapshot, "opening a snapshot");
+                floe_client::open_snapshot(self.master.clone(), volume, snapshot).await?
+            }
+            ExportName::Stale { volume, staleness } => {
+                tracing::info!(volume, ?staleness, "opening for stale reads");
+                let access = floe_client::Access::Stale { staleness };
+                floe_client::open_volume(self.master.clone(), volume, access).await?
+            }
+            ExportName::Volume(volume) => {
+                let holder = self.holder.as_ref().filter(|_| writable);
+                let access = match holder {
+                    Some(holder) => floe_client::Access::Write {
+                        holder,
+                        unretired_limit: self.unretired_limit,
+                    },
+                    None => match self.staleness {
+                        Some(staleness) => floe_client::Access::Stale { staleness },
+                        None => floe_client::Access::Read,
+                    },
+                };
+                tracing::info!(volume, "opening a volume");
+                floe_client::open_volume(self.master.clone(), volume, access).await?
+            }
+        };
+        let device: Arc<dyn BlockDevice> = Arc::new(measured::Measured::new(device, name));
+        open.retain(|_, d| d.strong_count() > 0);
+        open.insert(key, Arc::downgrade(&device));
+        Ok(device)
+    }
+
+    /// Waits until no export is open: each one's last user is gone, and the requests
+    /// it ran have let go of the volume.
+    pub async fn all_closed(&self) {
+        loop {
+            let open = self
+                .open
+                .lock()
+                .await
+                .values()
+                .any(|d| d.strong_count() > 0);
+            if !open {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
