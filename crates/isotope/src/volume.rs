@@ -1,0 +1,242 @@
+//! A volume opened for transactions: the version counter, the open transactions, the
+//! conflict window, and the commit path (decide, merge, log, apply), one commit at a
+//! time.
+
+use crate::layout::{self, BLOCK_BYTES};
+use crate::log::Log;
+use crate::transaction::{Body, Transaction};
+use crate::window::{Committed, Window, Written};
+use crate::{Isolation, Outcome, TxError};
+use bytes::{Bytes, BytesMut};
+use floe_blockdev::BlockDevice;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// Open transactions (released ones included) at most: each pins the conflict
+/// window's before-images until it ends.
+pub const OPEN_MAX: usize = 1024;
+
+#[derive(Clone)]
+pub struct TxVolume {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    device: Arc<dyn BlockDevice>,
+    data_blocks: u64,
+    isolation: Isolation,
+    state: Mutex<State>,
+    /// Held across a whole commit: versions, appends and applies go in one order.
+    log: tokio::sync::Mutex<Log>,
+}
+
+struct State {
+    /// The newest version applied in place: what a transaction beginning now sees.
+    version: u64,
+    /// Start versions of the open transactions, with their counts.
+    open: BTreeMap<u64, usize>,
+    window: Window,
+    released: BTreeMap<u64, Body>,
+    next_handle: u64,
+    stopped: Option<String>,
+}
+
+impl TxVolume {
+    /// Opens `device` for transactions with `isolation` by default: replays its log
+    /// before anything reads it, formatting it first if it reads as zeroes.
+    pub async fn open(
+        device: Arc<dyn BlockDevice>,
+        isolation: Isolation,
+    ) -> Result<TxVolume, String> {
+        let data_blocks = layout::data_blocks(device.size());
+        if data_blocks == 0 {
+            return Err(format!(
+                "the volume is too small for transactions: the log takes its first {} MiB",
+                layout::LOG_REGION_BYTES >> 20
+            ));
+        }
+        let log = Log::open(device.clone()).await?;
+        let state = State {
+            version: log.last_version(),
+            open: BTreeMap::new(),
+            window: Window::default(),
+            released: BTreeMap::new(),
+            next_handle: 1,
+            stopped: None,
+        };
+        Ok(TxVolume {
+            inner: Arc::new(Inner {
+                device,
+                data_blocks,
+                isolation,
+                state: Mutex::new(state),
+                log: tokio::sync::Mutex::new(log),
+            }),
+        })
+    }
+
+    /// Blocks a transaction may address.
+    pub fn data_blocks(&self) -> u64 {
+        self.inner.data_blocks
+    }
+
+    /// The newest committed version.
+    pub fn version(&self) -> u64 {
+        self.inner.state.lock().unwrap().version
+    }
+
+    /// Begins a transaction with the volume's isolation.
+    pub fn begin(&self) -> Result<Transaction, TxError> {
+        self.begin_with(self.inner.isolation)
+    }
+
+    pub fn begin_with(&self, isolation: Isolation) -> Result<Transaction, TxError> {
+        let mut state = self.inner.state.lock().unwrap();
+        if state.open.values().sum::<usize>() >= OPEN_MAX {
+            return Err(TxError::TooManyOpen { open_max: OPEN_MAX });
+        }
+        let start = state.version;
+        *state.open.entry(start).or_default() += 1;
+        Ok(Transaction::new(
+            self.inner.clone(),
+            Body::new(start, isolation),
+        ))
+    }
+
+    /// Takes over a transaction another task released ([`Transaction::release`]).
+    pub fn take_over(&self, handle: u64) -> Result<Transaction, TxError> {
+        let body = self.inner.state.lock().unwrap().released.remove(&handle);
+        match body {
+            Some(body) => Ok(Transaction::new(self.inner.clone(), body)),
+            None => Err(TxError::UnknownHandle(handle)),
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn data_blocks(&self) -> u64 {
+        self.data_blocks
+    }
+
+    pub(crate) fn release(&self, body: Body) -> u64 {
+        let mut state = self.state.lock().unwrap();
+        let handle = state.next_handle;
+        state.next_handle += 1;
+        state.released.insert(handle, body);
+        handle
+    }
+
+    /// Forgets an ended transaction begun at `start`.
+    pub(crate) fn end(&self, start: u64) {
+        let mut state = self.state.lock().unwrap();
+        let count = state
+            .open
+            .get_mut(&start)
+            .expect("an open transaction is counted");
+        *count -= 1;
+        if *count == 0 {
+            state.open.remove(&start);
+        }
+        let oldest = state.open.keys().next().copied();
+        state.window.prune(oldest);
+    }
+
+    /// `block` as of version `start`.
+    pub(crate) async fn read_as_of(&self, start: u64, block: u64) -> Result<Bytes, TxError> {
+        let read = self
+            .device
+            .read(layout::data_offset(block), BLOCK_BYTES as u32)
+            .await
+            .map_err(TxError::Io)?;
+        // Looked at after the read: a commit enters the window before it writes in
+        // place, so a block overwritten (or being overwritten) since `start` is found.
+        let state = self.state.lock().unwrap();
+        Ok(state.window.as_of(start, block).unwrap_or(read))
+    }
+
+    /// Decides, merges, logs and applies `body`'s writes; `body`'s transaction is
+    /// still counted open.
+    pub(crate) async fn commit(&self, body: &Body) -> Result<Outcome, TxError> {
+        let touched = body.touched();
+        if body.writes().next().is_none() {
+            let state = self.state.lock().unwrap();
+            if let Some(why) = &state.stopped {
+                return Err(TxError::Stopped(why.clone()));
+            }
+            let conflict = body.isolation == Isolation::StrictSerializable
+                && state.window.conflicts(body.start, &touched.read);
+            return Ok(if conflict {
+                Outcome::Conflict
+            } else {
+                Outcome::Committed {
+                    version: state.version,
+                }
+            });
+        }
+        let mut log = self.log.lock().await;
+        let version = {
+            let state = self.state.lock().unwrap();
+            if let Some(why) = &state.stopped {
+                return Err(TxError::Stopped(why.clone()));
+            }
+            let against = match body.isolation {
+                Isolation::StrictSerializable => &touched.read,
+                Isolation::Snapshot => &touched.written,
+            };
+            if state.window.conflicts(body.start, against) {
+                return Ok(Outcome::Conflict);
+            }
+            assert_eq!(
+                state.version,
+                log.last_version(),
+                "every logged version is applied"
+            );
+            state.version + 1
+        };
+        // Under the log lock the blocks in place are the newest: merge onto them the
+        // fragments this transaction wrote, so a concurrent commit's other fragments of
+        // the same block are kept (thesis 4.2.2's lost-update step).
+        let mut blocks = Vec::new();
+        let mut written = BTreeMap::new();
+        for (block, data) in body.writes() {
+            let before = self
+                .device
+                .read(layout::data_offset(block), BLOCK_BYTES as u32)
+                .await
+                .map_err(|e| self.stop(format!("reading block {block} to commit: {e}")))?;
+            let fragments = touched.written[&block];
+            let mut merged = BytesMut::from(&before[..]);
+            fragments.overlay(data, &mut merged);
+            blocks.push((block, merged.freeze()));
+            written.insert(block, Written { fragments, before });
+        }
+        log.append(version, &blocks)
+            .await
+            .map_err(|e| self.stop(format!("appending version {version} to the log: {e}")))?;
+        self.state.lock().unwrap().window.push(Committed {
+            version,
+            blocks: written,
+        });
+        let applies = blocks.iter().map(|(block, data)| {
+            self.device
+                .write(layout::data_offset(*block), data.clone(), false)
+        });
+        for applied in futures::future::join_all(applies).await {
+            applied.map_err(|e| {
+                self.stop(format!("version {version} is logged but applying it failed ({e}); reopening replays it"))
+            })?;
+        }
+        // Only now do new transactions see it: one beginning mid-apply reads the
+        // before-images instead of half-written blocks.
+        self.state.lock().unwrap().version = version;
+        Ok(Outcome::Committed { version })
+    }
+
+    /// Stops all later commits (fail-stop: what the failed one left is unknown until
+    /// the log is replayed).
+    fn stop(&self, why: String) -> TxError {
+        tracing::error!("transactions stopped: {why}");
+        let mut state = self.state.lock().unwrap();
+        TxError::Stopped(state.stopped.get_or_insert(why).clone())
+    }
+}
