@@ -29,6 +29,7 @@ mod snapshots;
 mod stale_reads;
 mod takeover;
 mod tls;
+mod transactions;
 mod write_back;
 mod write_modes;
 mod write_modes_ext4;
