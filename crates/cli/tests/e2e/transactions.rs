@@ -293,6 +293,7 @@ fn a_commit_after_the_lease_moved_is_refused_with_nothing_applied() {
         "the stalled workload went on: {message}"
     );
     assert!(message.contains("lease"), "{message}");
+    eprintln!("transactions: the stalled workload: {}", message.trim_end());
     assert_eq!(
         ledger_lines(&ledger),
         acknowledged,
