@@ -18,6 +18,9 @@ pub enum TxError {
     UnknownHandle(u64),
     /// The bound on open transactions is reached.
     TooManyOpen { open_max: usize },
+    /// The transaction stayed open while more blocks were committed than the conflict
+    /// window keeps for it: aborted (its commit answers `Conflict`).
+    Preempted { blocks_max: usize },
     /// A read failed below; the transaction can go on or abort.
     Io(IoError),
     /// The volume stopped taking commits (a log append or apply failed, e.g. because
@@ -63,6 +66,11 @@ impl std::fmt::Display for TxError {
                     "{open_max} transactions are open: commit or abort some first"
                 )
             }
+            TxError::Preempted { blocks_max } => write!(
+                f,
+                "the transaction was aborted: it stayed open while more than {blocks_max} \
+                 blocks were committed after it; begin again"
+            ),
             TxError::Io(e) => write!(f, "{e}"),
             TxError::Stopped(why) => write!(f, "the volume takes no more commits: {why}"),
         }

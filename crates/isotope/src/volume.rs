@@ -15,6 +15,10 @@ use std::sync::{Arc, Mutex};
 /// Open transactions (released ones included) at most: each pins the conflict
 /// window's before-images until it ends.
 pub const OPEN_MAX: usize = 1024;
+/// Before-images the conflict window holds at most (64 MiB): past it, the
+/// transactions that began longest ago are aborted (thesis 4.1's preemptive abort),
+/// so one left open cannot pin every later commit's blocks in memory.
+pub const WINDOW_BLOCKS_MAX: usize = 16384;
 
 #[derive(Clone)]
 pub struct TxVolume {
@@ -39,6 +43,20 @@ struct State {
     released: BTreeMap<u64, Body>,
     next_handle: u64,
     stopped: Option<String>,
+    /// Transactions that began below this version were preempted.
+    floor: u64,
+}
+
+impl State {
+    /// Forgets the commits no open, unpreempted transaction can read or conflict with.
+    fn prune(&mut self) {
+        let oldest = self
+            .open
+            .keys()
+            .next()
+            .map(|start| (*start).max(self.floor));
+        self.window.prune(oldest);
+    }
 }
 
 impl TxVolume {
@@ -63,6 +81,7 @@ impl TxVolume {
             released: BTreeMap::new(),
             next_handle: 1,
             stopped: None,
+            floor: 0,
         };
         Ok(TxVolume {
             inner: Arc::new(Inner {
@@ -137,8 +156,7 @@ impl Inner {
         if *count == 0 {
             state.open.remove(&start);
         }
-        let oldest = state.open.keys().next().copied();
-        state.window.prune(oldest);
+        state.prune();
     }
 
     /// `block` as of version `start`.
@@ -151,6 +169,11 @@ impl Inner {
         // Looked at after the read: a commit enters the window before it writes in
         // place, so a block overwritten (or being overwritten) since `start` is found.
         let state = self.state.lock().unwrap();
+        if start < state.floor {
+            return Err(TxError::Preempted {
+                blocks_max: WINDOW_BLOCKS_MAX,
+            });
+        }
         Ok(state.window.as_of(start, block).unwrap_or(read))
     }
 
@@ -163,8 +186,9 @@ impl Inner {
             if let Some(why) = &state.stopped {
                 return Err(TxError::Stopped(why.clone()));
             }
-            let conflict = body.isolation == Isolation::StrictSerializable
-                && state.window.conflicts(body.start, &touched.read);
+            let conflict = body.start < state.floor
+                || body.isolation == Isolation::StrictSerializable
+                    && state.window.conflicts(body.start, &touched.read);
             return Ok(if conflict {
                 Outcome::Conflict
             } else {
@@ -183,7 +207,7 @@ impl Inner {
                 Isolation::StrictSerializable => &touched.read,
                 Isolation::Snapshot => &touched.written,
             };
-            if state.window.conflicts(body.start, against) {
+            if body.start < state.floor || state.window.conflicts(body.start, against) {
                 return Ok(Outcome::Conflict);
             }
             assert_eq!(
@@ -213,10 +237,20 @@ impl Inner {
         log.append(version, &blocks)
             .await
             .map_err(|e| self.stop(format!("appending version {version} to the log: {e}")))?;
-        self.state.lock().unwrap().window.push(Committed {
-            version,
-            blocks: written,
-        });
+        {
+            let mut state = self.state.lock().unwrap();
+            state.window.push(Committed {
+                version,
+                blocks: written,
+            });
+            if state.window.blocks() > WINDOW_BLOCKS_MAX {
+                // Down to half, so that preempting is rare.
+                let floor = state.window.floor_for(WINDOW_BLOCKS_MAX / 2);
+                tracing::warn!(floor, "preempting the transactions that began before version {floor}: the conflict window is full");
+                state.floor = state.floor.max(floor);
+                state.prune();
+            }
+        }
         let applies = blocks.iter().map(|(block, data)| {
             self.device
                 .write(layout::data_offset(*block), data.clone(), false)

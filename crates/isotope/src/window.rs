@@ -21,6 +21,8 @@ pub struct Committed {
 #[derive(Default)]
 pub struct Window {
     committed: VecDeque<Committed>,
+    /// Before-images held, over all of `committed`.
+    blocks: usize,
 }
 
 impl Window {
@@ -33,7 +35,25 @@ impl Window {
                 last.version
             );
         }
+        self.blocks += committed.blocks.len();
         self.committed.push_back(committed);
+    }
+
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// The lowest version such that the commits after it hold at most `blocks_max`
+    /// before-images.
+    pub fn floor_for(&self, blocks_max: usize) -> u64 {
+        let mut held = 0;
+        for c in self.committed.iter().rev() {
+            held += c.blocks.len();
+            if held > blocks_max {
+                return c.version;
+            }
+        }
+        0
     }
 
     /// Whether a transaction committed after `start` wrote a fragment of `touched`.
@@ -60,7 +80,10 @@ impl Window {
         while let Some(first) = self.committed.front() {
             match oldest_start {
                 Some(start) if first.version > start => break,
-                _ => self.committed.pop_front(),
+                _ => {
+                    self.blocks -= first.blocks.len();
+                    self.committed.pop_front();
+                }
             };
         }
     }

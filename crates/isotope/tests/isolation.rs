@@ -238,3 +238,29 @@ async fn a_released_transaction_is_taken_over_by_another_task() {
         Some(TxError::UnknownHandle(handle))
     );
 }
+
+#[tokio::test]
+async fn a_transaction_left_open_is_preempted_once_the_window_is_full() {
+    let device = Arc::new(MemoryDevice::new(layout::LOG_REGION_BYTES + (64 << 20)));
+    let v = TxVolume::open(device, Isolation::Snapshot).await.unwrap();
+    let mut idle = v.begin().unwrap();
+    idle.read(0).await.unwrap();
+    let commits = floe_isotope::volume::WINDOW_BLOCKS_MAX / layout::TX_BLOCKS_MAX + 1;
+    for c in 0..commits as u64 {
+        let mut t = v.begin().unwrap();
+        for block in 0..layout::TX_BLOCKS_MAX as u64 {
+            t.write(block, block_of(c)).unwrap();
+        }
+        assert!(committed(t.commit().await.unwrap()));
+    }
+    let preempted = idle.read(1).await.unwrap_err();
+    assert!(
+        matches!(preempted, TxError::Preempted { .. }),
+        "{preempted}"
+    );
+    idle.write(1, block_of(1)).unwrap();
+    assert_eq!(idle.commit().await.unwrap(), Outcome::Conflict);
+    // Younger transactions still read their snapshots.
+    let mut t = v.begin().unwrap();
+    assert_eq!(value_of(&t.read(0).await.unwrap()), commits as u64 - 1);
+}
