@@ -8,8 +8,10 @@
 //! - [`transaction`]: a transaction's read/write set and its calls.
 //! - [`volume`]: a volume open for transactions: versions, commit.
 //! - [`kv`]: a transactional key-value store on it (IsoHT-like).
+//! - [`btree`]: a transactional B-tree on it (IsoBT-like).
 //!
 //! [`open`] opens a volume by name (taking its lease) for transactions.
+pub mod btree;
 mod error;
 pub mod fragments;
 pub mod kv;
