@@ -83,6 +83,21 @@ pub enum KvCommand {
         #[arg(long)]
         ledger: std::path::PathBuf,
     },
+    /// Measure transactions per second: clients each updating two random keys per
+    /// transaction, for a while; prints one JSON document.
+    Bench {
+        #[command(flatten)]
+        target: Target,
+        /// Transactions run at once.
+        #[arg(long, default_value_t = 8)]
+        clients: u32,
+        /// Keys updated at random (created first).
+        #[arg(long, default_value_t = 1000)]
+        keys: u32,
+        /// Seconds to measure.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
 }
 
 /// Retries of a command's transaction that met a conflict (another process can't
@@ -125,7 +140,8 @@ pub async fn run(master: &str, command: KvCommand) -> Result<(), String> {
         | KvCommand::Get { target, .. }
         | KvCommand::Del { target, .. }
         | KvCommand::Scan { target, .. }
-        | KvCommand::Bank { target, .. } => target,
+        | KvCommand::Bank { target, .. }
+        | KvCommand::Bench { target, .. } => target,
     };
     let name = target.volume.clone();
     let volume = floe_isotope::open(master, &name, "floe kv", target.isolation).await?;
@@ -243,6 +259,16 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
                 );
             }
             Ok(())
+        }
+        KvCommand::Bench {
+            target,
+            clients,
+            keys,
+            seconds,
+        } => {
+            let duration = Duration::from_secs(seconds);
+            let isolation = target.isolation;
+            crate::bank::bench(volume, name, isolation, clients, keys, duration).await
         }
         KvCommand::Bank {
             accounts,

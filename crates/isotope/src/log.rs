@@ -116,15 +116,20 @@ impl Log {
         Ok(replayed)
     }
 
-    /// Appends version `version`'s record durably. Its blocks are not yet applied.
-    pub async fn append(&mut self, version: u64, blocks: &[(u64, Bytes)]) -> Result<(), IoError> {
-        assert_eq!(
-            version,
-            self.last + 1,
-            "commit versions go up one at a time"
-        );
-        let record = layout::encode_record(version, blocks);
-        let length = record.len() as u64;
+    /// Appends the records of a group of commits, versions in order, durably, in one
+    /// write. Their blocks are not yet applied.
+    pub async fn append(&mut self, records: &[(u64, Vec<(u64, Bytes)>)]) -> Result<(), IoError> {
+        let mut bytes = Vec::new();
+        for (i, (version, blocks)) in records.iter().enumerate() {
+            assert_eq!(
+                *version,
+                self.last + 1 + i as u64,
+                "commit versions go up one at a time"
+            );
+            bytes.extend_from_slice(&layout::encode_record(*version, blocks));
+        }
+        let length = bytes.len() as u64;
+        assert!(length <= RING_BYTES / 4, "a group of {length} bytes");
         if self.position + length > RING_BYTES {
             // Everything before is applied: flush it, then move the pointer to the
             // ring's start so replay never reads the records about to be overwritten.
@@ -141,10 +146,10 @@ impl Log {
             self.position = 0;
         }
         self.device
-            .write(RING_OFFSET + self.position, record, true)
+            .write(RING_OFFSET + self.position, Bytes::from(bytes), true)
             .await?;
         self.position += length;
-        self.last = version;
+        self.last = records.last().expect("a group has records").0;
         Ok(())
     }
 }

@@ -171,9 +171,9 @@ impl Transaction {
     /// until the volume is reopened (its log replayed).
     pub async fn commit(mut self) -> Result<Outcome, TxError> {
         let body = self.body.take().expect("a transaction commits once");
-        let outcome = self.volume.commit(&body).await;
-        self.volume.end(body.start);
-        outcome
+        // Ended even if this future is dropped while the commit waits.
+        let _ending = Ending(&self.volume, body.start);
+        self.volume.commit(body).await
     }
 
     /// Ends the transaction with nothing changed.
@@ -184,6 +184,14 @@ impl Transaction {
     pub fn release(mut self) -> u64 {
         let body = self.body.take().expect("a transaction is released once");
         self.volume.release(body)
+    }
+}
+
+struct Ending<'a>(&'a Inner, u64);
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        self.0.end(self.1);
     }
 }
 

@@ -19,6 +19,15 @@ pub const OPEN_MAX: usize = 1024;
 /// transactions that began longest ago are aborted (thesis 4.1's preemptive abort),
 /// so one left open cannot pin every later commit's blocks in memory.
 pub const WINDOW_BLOCKS_MAX: usize = 16384;
+/// Records one group commit writes at most: a quarter of the ring, so that a group
+/// always fits once the ring wrapped.
+const GROUP_BYTES_MAX: u64 = layout::RING_BYTES / 4;
+
+/// A commit waiting for the log.
+struct Pending {
+    body: Body,
+    done: tokio::sync::oneshot::Sender<Result<Outcome, TxError>>,
+}
 
 #[derive(Clone)]
 pub struct TxVolume {
@@ -30,8 +39,10 @@ pub(crate) struct Inner {
     data_blocks: u64,
     isolation: Isolation,
     state: Mutex<State>,
-    /// Held across a whole commit: versions, appends and applies go in one order.
+    /// Held across a whole group commit: versions, appends and applies go in one
+    /// order.
     log: tokio::sync::Mutex<Log>,
+    pending: Mutex<std::collections::VecDeque<Pending>>,
 }
 
 struct State {
@@ -90,6 +101,7 @@ impl TxVolume {
                 isolation,
                 state: Mutex::new(state),
                 log: tokio::sync::Mutex::new(log),
+                pending: Mutex::new(Default::default()),
             }),
         })
     }
@@ -177,15 +189,16 @@ impl Inner {
         Ok(state.window.as_of(start, block).unwrap_or(read))
     }
 
-    /// Decides, merges, logs and applies `body`'s writes; `body`'s transaction is
-    /// still counted open.
-    pub(crate) async fn commit(&self, body: &Body) -> Result<Outcome, TxError> {
-        let touched = body.touched();
+    /// Decides `body` and, if it commits and wrote, logs and applies its writes in a
+    /// group with the other commits waiting; `body`'s transaction is still counted
+    /// open.
+    pub(crate) async fn commit(&self, body: Body) -> Result<Outcome, TxError> {
         if body.writes().next().is_none() {
             let state = self.state.lock().unwrap();
             if let Some(why) = &state.stopped {
                 return Err(TxError::Stopped(why.clone()));
             }
+            let touched = body.touched();
             let conflict = body.start < state.floor
                 || body.isolation == Isolation::StrictSerializable
                     && state.window.conflicts(body.start, &touched.read);
@@ -197,73 +210,148 @@ impl Inner {
                 }
             });
         }
+        let (done, mut answer) = tokio::sync::oneshot::channel();
+        self.pending
+            .lock()
+            .unwrap()
+            .push_back(Pending { body, done });
+        // Whoever holds the log commits everything waiting (group commit): one log
+        // write and one round of applies for many transactions.
         let mut log = self.log.lock().await;
-        let version = {
+        loop {
+            match answer.try_recv() {
+                Ok(outcome) => return outcome,
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
+                    self.commit_group(&mut log).await
+                }
+                Err(closed) => panic!("a group dropped a transaction unanswered: {closed}"),
+            }
+        }
+    }
+
+    /// Takes the oldest waiting commits, at most [`GROUP_BYTES_MAX`] of records (at
+    /// least one), and answers each.
+    async fn commit_group(&self, log: &mut Log) {
+        let group = {
+            let mut pending = self.pending.lock().unwrap();
+            let mut bytes = 0;
+            let mut group = Vec::new();
+            while let Some(next) = pending.front() {
+                bytes += layout::record_bytes(next.body.writes().count());
+                if !group.is_empty() && bytes > GROUP_BYTES_MAX {
+                    break;
+                }
+                group.push(pending.pop_front().expect("present"));
+            }
+            group
+        };
+        let bodies: Vec<&Body> = group.iter().map(|p| &p.body).collect();
+        let outcomes = self.commit_bodies(log, &bodies).await;
+        for (i, waiting) in group.into_iter().enumerate() {
+            let outcome = outcomes.as_ref().map(|o| o[i]).map_err(Clone::clone);
+            // The committer may have gone (its task was cancelled): nobody to answer.
+            let _ = waiting.done.send(outcome);
+        }
+    }
+
+    async fn commit_bodies(&self, log: &mut Log, group: &[&Body]) -> Result<Vec<Outcome>, TxError> {
+        let mut version = {
             let state = self.state.lock().unwrap();
             if let Some(why) = &state.stopped {
                 return Err(TxError::Stopped(why.clone()));
-            }
-            let against = match body.isolation {
-                Isolation::StrictSerializable => &touched.read,
-                Isolation::Snapshot => &touched.written,
-            };
-            if body.start < state.floor || state.window.conflicts(body.start, against) {
-                return Ok(Outcome::Conflict);
             }
             assert_eq!(
                 state.version,
                 log.last_version(),
                 "every logged version is applied"
             );
-            state.version + 1
+            state.version
         };
-        // Under the log lock the blocks in place are the newest: merge onto them the
-        // fragments this transaction wrote, so a concurrent commit's other fragments of
-        // the same block are kept (thesis 4.2.2's lost-update step).
-        let mut blocks = Vec::new();
-        let mut written = BTreeMap::new();
-        for (block, data) in body.writes() {
-            let before = self
-                .device
-                .read(layout::data_offset(block), BLOCK_BYTES as u32)
-                .await
-                .map_err(|e| self.stop(format!("reading block {block} to commit: {e}")))?;
-            let fragments = touched.written[&block];
-            let mut merged = BytesMut::from(&before[..]);
-            fragments.overlay(data, &mut merged);
-            blocks.push((block, merged.freeze()));
-            written.insert(block, Written { fragments, before });
-        }
-        log.append(version, &blocks)
-            .await
-            .map_err(|e| self.stop(format!("appending version {version} to the log: {e}")))?;
-        {
-            let mut state = self.state.lock().unwrap();
-            state.window.push(Committed {
+        let mut outcomes = Vec::new();
+        let mut records = Vec::new();
+        // The group's newest image of each block it writes.
+        let mut newest: BTreeMap<u64, Bytes> = BTreeMap::new();
+        for body in group {
+            let touched = body.touched();
+            let against = match body.isolation {
+                Isolation::StrictSerializable => &touched.read,
+                Isolation::Snapshot => &touched.written,
+            };
+            let conflict = {
+                let state = self.state.lock().unwrap();
+                body.start < state.floor || state.window.conflicts(body.start, against)
+            };
+            if conflict {
+                outcomes.push(Outcome::Conflict);
+                continue;
+            }
+            version += 1;
+            // Merge onto the newest contents (in place, or an earlier member's) the
+            // fragments this transaction wrote, so a concurrent commit's other
+            // fragments of the same block are kept (thesis 4.2.2's lost-update step).
+            let mut blocks = Vec::new();
+            let mut written = BTreeMap::new();
+            for (block, data) in body.writes() {
+                let before = match newest.get(&block) {
+                    Some(image) => image.clone(),
+                    None => self
+                        .device
+                        .read(layout::data_offset(block), BLOCK_BYTES as u32)
+                        .await
+                        .map_err(|e| self.stop(format!("reading block {block} to commit: {e}")))?,
+                };
+                let fragments = touched.written[&block];
+                let mut merged = BytesMut::from(&before[..]);
+                fragments.overlay(data, &mut merged);
+                let merged = merged.freeze();
+                newest.insert(block, merged.clone());
+                blocks.push((block, merged));
+                written.insert(block, Written { fragments, before });
+            }
+            // In the window at once: later members conflict with it, and reads of
+            // open transactions take its before-images from here on.
+            self.enter_window(Committed {
                 version,
                 blocks: written,
             });
-            if state.window.blocks() > WINDOW_BLOCKS_MAX {
-                // Down to half, so that preempting is rare.
-                let floor = state.window.floor_for(WINDOW_BLOCKS_MAX / 2);
-                tracing::warn!(floor, "preempting the transactions that began before version {floor}: the conflict window is full");
-                state.floor = state.floor.max(floor);
-                state.prune();
-            }
+            records.push((version, blocks));
+            outcomes.push(Outcome::Committed { version });
         }
-        let applies = blocks.iter().map(|(block, data)| {
+        if records.is_empty() {
+            return Ok(outcomes);
+        }
+        log.append(&records).await.map_err(|e| {
+            self.stop(format!(
+                "appending versions up to {version} to the log: {e}"
+            ))
+        })?;
+        let applies = newest.iter().map(|(block, data)| {
             self.device
                 .write(layout::data_offset(*block), data.clone(), false)
         });
         for applied in futures::future::join_all(applies).await {
             applied.map_err(|e| {
-                self.stop(format!("version {version} is logged but applying it failed ({e}); reopening replays it"))
+                self.stop(format!(
+                    "versions up to {version} are logged but applying them failed ({e}); reopening replays them"
+                ))
             })?;
         }
-        // Only now do new transactions see it: one beginning mid-apply reads the
+        // Only now do new transactions see them: one beginning mid-apply reads the
         // before-images instead of half-written blocks.
         self.state.lock().unwrap().version = version;
-        Ok(Outcome::Committed { version })
+        Ok(outcomes)
+    }
+
+    fn enter_window(&self, committed: Committed) {
+        let mut state = self.state.lock().unwrap();
+        state.window.push(committed);
+        if state.window.blocks() > WINDOW_BLOCKS_MAX {
+            // Down to half, so that preempting is rare.
+            let floor = state.window.floor_for(WINDOW_BLOCKS_MAX / 2);
+            tracing::warn!(floor, "preempting the transactions that began before version {floor}: the conflict window is full");
+            state.floor = state.floor.max(floor);
+            state.prune();
+        }
     }
 
     /// Stops all later commits (fail-stop: what the failed one left is unknown until
