@@ -116,94 +116,13 @@ pub async fn run(
     Ok(())
 }
 
-#[derive(serde::Serialize)]
-struct Measured {
-    isolation: String,
-    clients: u32,
-    keys: u32,
-    seconds: f64,
-    committed: u64,
-    conflicts: u64,
-    transactions_per_second: f64,
-}
-
-/// `floe kv bench`: `clients` loops, each transaction reading and rewriting two
-/// random keys of `keys`, for `duration`.
-pub async fn bench(
-    volume: &TxVolume,
-    name: &str,
-    isolation: floe_isotope::Isolation,
-    clients: u32,
-    keys: u32,
-    duration: std::time::Duration,
-) -> Result<(), String> {
-    let blocks = volume.data_blocks();
-    let key = |k: u64| format!("bench/{k:06}");
-    for chunk in (0..keys as u64).collect::<Vec<_>>().chunks(100) {
-        retried(volume, name, |mut tx| async move {
-            let mut kv = Kv::attach(&mut tx, blocks).await?;
-            for k in chunk {
-                kv.put(key(*k).as_bytes(), b"0").await?;
-            }
-            Ok((tx, ()))
-        })
-        .await?;
-    }
-    let (committed, conflicts) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
-    let started = std::time::Instant::now();
-    let client = |seed: u64| {
-        let (committed, conflicts) = (&committed, &conflicts);
-        async move {
-            let mut rng = seed;
-            while started.elapsed() < duration {
-                let mut tx = volume.begin_with(isolation).map_err(|e| e.to_string())?;
-                let mut kv = Kv::attach(&mut tx, blocks)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                for _ in 0..2 {
-                    let k = key(next(&mut rng) % keys.max(1) as u64);
-                    let value = kv.get(k.as_bytes()).await.map_err(|e| e.to_string())?;
-                    let n: u64 =
-                        value.map_or(0, |v| String::from_utf8_lossy(&v).parse().unwrap_or(0));
-                    kv.put(k.as_bytes(), (n + 1).to_string().as_bytes())
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                match tx
-                    .commit()
-                    .await
-                    .map_err(|e| format!("volume {name}: {e}"))?
-                {
-                    floe_isotope::Outcome::Committed { .. } => committed.set(committed.get() + 1),
-                    floe_isotope::Outcome::Conflict => conflicts.set(conflicts.get() + 1),
-                }
-            }
-            Ok::<(), String>(())
-        }
-    };
-    let runs = (0..clients.max(1) as u64).map(|c| client(c + seed_now()));
-    for ran in futures::future::join_all(runs).await {
-        ran?;
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    crate::views::print(&Measured {
-        isolation: format!("{isolation:?}"),
-        clients,
-        keys,
-        seconds,
-        committed: committed.get(),
-        conflicts: conflicts.get(),
-        transactions_per_second: committed.get() as f64 / seconds,
-    })
-}
-
-fn seed_now() -> u64 {
+pub fn seed_now() -> u64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     now.map_or(1, |t| t.as_nanos() as u64) | 1
 }
 
 /// splitmix64: enough randomness for picking accounts, no dependency.
-fn next(state: &mut u64) -> u64 {
+pub fn next(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut x = *state;
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -88,6 +88,10 @@ pub enum KvCommand {
     Bench {
         #[command(flatten)]
         target: Target,
+        /// isotope (transactions, with --isolation) or locks (the baseline: a lock per
+        /// table block and its own redo log over plain writes).
+        #[arg(long, value_enum, default_value = "isotope")]
+        engine: crate::kv_bench::Engine,
         /// Transactions run at once.
         #[arg(long, default_value_t = 8)]
         clients: u32,
@@ -135,14 +139,12 @@ fn text(bytes: &[u8]) -> String {
 
 pub async fn run(master: &str, command: KvCommand) -> Result<(), String> {
     let master = Arc::new(MasterClient::new(master));
-    let target = match &command {
-        KvCommand::Put { target, .. }
-        | KvCommand::Get { target, .. }
-        | KvCommand::Del { target, .. }
-        | KvCommand::Scan { target, .. }
-        | KvCommand::Bank { target, .. }
-        | KvCommand::Bench { target, .. } => target,
-    };
+    let (KvCommand::Put { target, .. }
+    | KvCommand::Get { target, .. }
+    | KvCommand::Del { target, .. }
+    | KvCommand::Scan { target, .. }
+    | KvCommand::Bank { target, .. }
+    | KvCommand::Bench { target, .. }) = &command;
     let name = target.volume.clone();
     let volume = floe_isotope::open(master, &name, "floe kv", target.isolation).await?;
     let done = execute(&volume, &name, command).await;
@@ -262,13 +264,19 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
         }
         KvCommand::Bench {
             target,
+            engine,
             clients,
             keys,
             seconds,
         } => {
-            let duration = Duration::from_secs(seconds);
-            let isolation = target.isolation;
-            crate::bank::bench(volume, name, isolation, clients, keys, duration).await
+            let options = crate::kv_bench::Options {
+                engine,
+                isolation: target.isolation,
+                clients,
+                keys,
+                duration: Duration::from_secs(seconds),
+            };
+            crate::kv_bench::run(volume, name, options).await
         }
         KvCommand::Bank {
             accounts,

@@ -6,6 +6,7 @@ mod cert;
 mod cluster;
 mod demo;
 mod kv;
+mod kv_bench;
 mod metrics;
 mod placement;
 mod progress;

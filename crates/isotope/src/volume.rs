@@ -106,6 +106,11 @@ impl TxVolume {
         })
     }
 
+    /// The volume below, for a caller that stops using transactions on it.
+    pub fn device(&self) -> Arc<dyn BlockDevice> {
+        self.inner.device.clone()
+    }
+
     /// Blocks a transaction may address.
     pub fn data_blocks(&self) -> u64 {
         self.inner.data_blocks

@@ -78,8 +78,8 @@ impl<'t> Kv<'t> {
     pub async fn attach(tx: &'t mut Transaction, data_blocks: u64) -> Result<Kv<'t>, KvError> {
         let header = tx.read(HEADER_BLOCK).await?;
         tx.mark_accessed(HEADER_BLOCK, 0, 16)?;
-        let table_blocks = if &header[..8] == MAGIC {
-            u64::from_le_bytes(header[8..16].try_into().unwrap())
+        let table_blocks = if let Some(table_blocks) = table_blocks(&header) {
+            table_blocks
         } else if header.iter().all(|b| *b == 0) {
             let table_blocks = (data_blocks - 1).min(TABLE_BLOCKS_MAX);
             let mut fresh = BytesMut::zeroed(BLOCK_BYTES);
@@ -98,9 +98,7 @@ impl<'t> Kv<'t> {
     }
 
     fn probe(&self, key: &[u8]) -> impl Iterator<Item = u64> {
-        let first = crc32c::crc32c(key) as u64 % self.table_blocks;
-        let table_blocks = self.table_blocks;
-        (0..PROBE_BLOCKS.min(table_blocks)).map(move |i| 1 + (first + i) % table_blocks)
+        probe(key, self.table_blocks)
     }
 
     /// The key's slot if present; else the first free slot of its probe blocks, if
@@ -192,6 +190,17 @@ impl<'t> Kv<'t> {
         out.sort();
         Ok(out)
     }
+}
+
+/// The blocks a key's lookup looks through, in order.
+pub fn probe(key: &[u8], table_blocks: u64) -> impl Iterator<Item = u64> {
+    let first = crc32c::crc32c(key) as u64 % table_blocks;
+    (0..PROBE_BLOCKS.min(table_blocks)).map(move |i| 1 + (first + i) % table_blocks)
+}
+
+/// The table blocks a header block names, or `None` if it is no table header.
+pub fn table_blocks(header: &[u8]) -> Option<u64> {
+    (&header[..8] == MAGIC).then(|| u64::from_le_bytes(header[8..16].try_into().unwrap()))
 }
 
 fn check_key(key: &[u8]) -> Result<(), KvError> {
