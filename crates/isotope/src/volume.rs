@@ -23,6 +23,17 @@ pub const WINDOW_BLOCKS_MAX: usize = 16384;
 /// always fits once the ring wrapped.
 const GROUP_BYTES_MAX: u64 = layout::RING_BYTES / 4;
 
+struct Unfinished<'a>(&'a Inner, bool);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0
+                .stop("a commit group was cancelled mid-way; reopening replays the log".into());
+        }
+    }
+}
+
 /// A commit waiting for the log.
 struct Pending {
     body: Body,
@@ -229,7 +240,8 @@ impl Inner {
                 Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
                     self.commit_group(&mut log).await
                 }
-                Err(closed) => panic!("a group dropped a transaction unanswered: {closed}"),
+                // Its group's committer was cancelled mid-way, which stopped the volume.
+                Err(_) => return Err(self.stop("a commit group was cancelled".into())),
             }
         }
     }
@@ -250,8 +262,12 @@ impl Inner {
             }
             group
         };
+        // Cancelled mid-way (a caller's timeout), the group may be logged but not
+        // applied: nothing may commit after it until a reopen replays the log.
+        let mut unfinished = Unfinished(self, true);
         let bodies: Vec<&Body> = group.iter().map(|p| &p.body).collect();
         let outcomes = self.commit_bodies(log, &bodies).await;
+        unfinished.1 = false;
         for (i, waiting) in group.into_iter().enumerate() {
             let outcome = outcomes.as_ref().map(|o| o[i]).map_err(Clone::clone);
             // The committer may have gone (its task was cancelled): nobody to answer.

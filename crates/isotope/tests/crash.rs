@@ -261,3 +261,49 @@ async fn concurrent_increments_in_groups_lose_nothing() {
         );
     }
 }
+
+/// A commit whose future is dropped at its first wait (the log append) or its second
+/// (the apply) stops the volume; reopening shows it wholly absent or wholly present.
+#[tokio::test]
+async fn a_commit_cancelled_mid_way_stops_the_volume_and_reopening_recovers_it() {
+    for (polls, present) in [(1, false), (2, true)] {
+        let memory = Arc::new(MemoryDevice::new(layout::LOG_REGION_BYTES + (1 << 20)));
+        let device = Arc::new(Crashing {
+            below: memory.clone(),
+            writes_left: AtomicU64::new(u64::MAX),
+            rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(0)),
+        });
+        let v = TxVolume::open(device, Isolation::StrictSerializable)
+            .await
+            .unwrap();
+        let mut t = v.begin().unwrap();
+        t.write(1, encode(11, 0)).unwrap();
+        t.write(2, encode(11, 0)).unwrap();
+        let mut commit = Box::pin(t.commit());
+        for _ in 0..polls {
+            assert!(futures::poll!(commit.as_mut()).is_pending());
+        }
+        drop(commit);
+        let mut late = v.begin().unwrap();
+        late.write(3, encode(33, 0)).unwrap();
+        assert!(matches!(late.commit().await, Err(TxError::Stopped(_))));
+        drop(v);
+        let again = TxVolume::open(memory, Isolation::StrictSerializable)
+            .await
+            .unwrap();
+        let mut check = again.begin().unwrap();
+        assert_eq!(
+            decode(&check.read(3).await.unwrap()).0,
+            0,
+            "refused: not there"
+        );
+        let expected = if present { 11 } else { 0 };
+        for block in [1, 2] {
+            assert_eq!(
+                decode(&check.read(block).await.unwrap()).0,
+                expected,
+                "{polls} polls"
+            );
+        }
+    }
+}
