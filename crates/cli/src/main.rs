@@ -1,10 +1,13 @@
 //! `floe`: one binary for every Floe process and the admin commands.
 
 mod admin;
+mod bank;
 mod cert;
 mod cluster;
 mod demo;
 mod gateway_upgrade;
+mod kv;
+mod kv_bench;
 mod metrics;
 mod placement;
 mod progress;
@@ -244,6 +247,10 @@ enum Command {
     Layer(cluster::LayerCommand),
     /// Live per-volume I/O of the gateways (IOPS, MB/s, latency), from their metrics.
     Top(top::TopArgs),
+    /// A transactional key-value store on a volume that no gateway holds (this
+    /// command takes its lease): put, get, del, scan.
+    #[command(subcommand)]
+    Kv(kv::KvCommand),
 }
 
 #[derive(clap::Args)]
@@ -808,6 +815,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
         Command::Pg(command) => cluster::pg(&master, command).await,
         Command::Layer(command) => cluster::layer(&master, command).await,
         Command::Top(args) => top::run(args),
+        Command::Kv(command) => kv::run(&cli.master, command).await,
     }
 }
 

@@ -32,6 +32,7 @@ mod snapshots;
 mod stale_reads;
 mod takeover;
 mod tls;
+mod transactions;
 mod upgrade;
 mod write_back;
 mod write_modes;

@@ -1,0 +1,154 @@
+//! `floe kv bench`: transactions per second on a volume, by clients of this process
+//! each adding one to two random keys per transaction, through Isotope (SS or SI) or
+//! through the lock-and-log baseline ([`locked`]). Keys are made through Isotope
+//! either way.
+
+mod locked;
+
+use crate::bank::{next, seed_now};
+use crate::kv::retried;
+use floe_isotope::kv::Kv;
+use floe_isotope::{Isolation, Outcome, TxVolume};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// Transactions (`--isolation`).
+    Isotope,
+    /// The baseline: per-block locks and its own redo log over plain writes.
+    Locks,
+}
+
+#[derive(serde::Serialize)]
+struct Measured {
+    engine: String,
+    isolation: Option<String>,
+    clients: u32,
+    keys: u32,
+    seconds: f64,
+    committed: u64,
+    conflicts: u64,
+    transactions_per_second: f64,
+}
+
+fn key(k: u64) -> String {
+    format!("bench/{k:06}")
+}
+
+pub struct Options {
+    pub engine: Engine,
+    pub isolation: Isolation,
+    pub clients: u32,
+    pub keys: u32,
+    pub duration: Duration,
+}
+
+pub async fn run(volume: &TxVolume, name: &str, options: Options) -> Result<(), String> {
+    let keys = options.keys.max(2);
+    let blocks = volume.data_blocks();
+    for chunk in (0..keys as u64).collect::<Vec<_>>().chunks(100) {
+        retried(volume, name, |mut tx| async move {
+            let mut kv = Kv::attach(&mut tx, blocks).await?;
+            for k in chunk {
+                kv.put(key(*k).as_bytes(), b"0").await?;
+            }
+            Ok((tx, ()))
+        })
+        .await?;
+    }
+    let pick = |rng: &mut u64| {
+        let a = next(rng) % keys as u64;
+        (a, (a + 1 + next(rng) % (keys as u64 - 1)) % keys as u64)
+    };
+    let (committed, conflicts, seconds) = match options.engine {
+        Engine::Isotope => {
+            let isolation = options.isolation;
+            measure(options.clients, options.duration, |mut rng| {
+                let volume = &volume;
+                async move {
+                    let (a, b) = pick(&mut rng);
+                    let mut tx = volume.begin_with(isolation).map_err(|e| e.to_string())?;
+                    let mut kv = Kv::attach(&mut tx, blocks)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    for k in [key(a), key(b)] {
+                        let value = kv.get(k.as_bytes()).await.map_err(|e| e.to_string())?;
+                        let n: u64 =
+                            value.map_or(0, |v| String::from_utf8_lossy(&v).parse().unwrap_or(0));
+                        let next = (n + 1).to_string();
+                        kv.put(k.as_bytes(), next.as_bytes())
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                    let outcome = tx
+                        .commit()
+                        .await
+                        .map_err(|e| format!("volume {name}: {e}"))?;
+                    Ok((rng, matches!(outcome, Outcome::Committed { .. })))
+                }
+            })
+            .await?
+        }
+        Engine::Locks => {
+            // The transactional side stays idle from here: the baseline has the log.
+            let store = locked::Locked::open(volume.device()).await?;
+            measure(options.clients, options.duration, |mut rng| {
+                let store = &store;
+                async move {
+                    let (a, b) = pick(&mut rng);
+                    let (a, b) = (key(a), key(b));
+                    store.increment(&[a.as_bytes(), b.as_bytes()]).await?;
+                    Ok((rng, true))
+                }
+            })
+            .await?
+        }
+    };
+    crate::views::print(&Measured {
+        engine: format!("{:?}", options.engine).to_lowercase(),
+        isolation: (options.engine == Engine::Isotope).then(|| format!("{:?}", options.isolation)),
+        clients: options.clients,
+        keys,
+        seconds,
+        committed,
+        conflicts,
+        transactions_per_second: committed as f64 / seconds,
+    })
+}
+
+/// Runs `clients` loops of `transaction` (given and returning its random state, and
+/// whether it committed) for `duration`: (committed, conflicts, seconds).
+async fn measure<F, Fut>(
+    clients: u32,
+    duration: Duration,
+    transaction: F,
+) -> Result<(u64, u64, f64), String>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<(u64, bool), String>>,
+{
+    let (committed, conflicts) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
+    let started = Instant::now();
+    let client = |seed: u64| {
+        let (committed, conflicts, transaction) = (&committed, &conflicts, &transaction);
+        async move {
+            let mut rng = seed;
+            while started.elapsed() < duration {
+                let (after, done) = transaction(rng).await?;
+                rng = after;
+                let counter = if done { committed } else { conflicts };
+                counter.set(counter.get() + 1);
+            }
+            Ok::<(), String>(())
+        }
+    };
+    let runs = (0..clients.max(1) as u64).map(|c| client(c + seed_now()));
+    for ran in futures::future::join_all(runs).await {
+        ran?;
+    }
+    Ok((
+        committed.get(),
+        conflicts.get(),
+        started.elapsed().as_secs_f64(),
+    ))
+}

@@ -1,0 +1,309 @@
+//! Atomicity across crashes on a RAM device that, at a chosen write, keeps a random
+//! part of that write's blocks and refuses every later write (a kill -9 mid-commit,
+//! or a lease taken over): after reopening, bank transfers still sum to the total,
+//! every acknowledged transfer is there and none partially.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use floe_blockdev::memory::MemoryDevice;
+use floe_blockdev::{BlockDevice, Extent, IoError};
+use floe_isotope::{layout, Isolation, Outcome, TxError, TxVolume, BLOCK_BYTES};
+use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const ACCOUNTS: u64 = 40;
+const INITIAL: u64 = 1000;
+/// Block 0 counts the transfers; accounts lie one per block after it, each with the
+/// id of the last transfer that touched it.
+const COUNTER: u64 = 0;
+const CLIENTS: usize = 3;
+
+struct Crashing {
+    below: Arc<MemoryDevice>,
+    writes_left: AtomicU64,
+    rng: std::sync::Mutex<rand::rngs::StdRng>,
+}
+
+#[async_trait]
+impl BlockDevice for Crashing {
+    fn size(&self) -> u64 {
+        self.below.size()
+    }
+    async fn read(&self, offset: u64, length: u32) -> Result<Bytes, IoError> {
+        self.below.read(offset, length).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
+        match self.writes_left.fetch_sub(1, Ordering::SeqCst) {
+            0 => {
+                self.writes_left.store(0, Ordering::SeqCst);
+                Err(IoError::Io("fenced: the lease moved".into()))
+            }
+            1 => {
+                // The crash: some of this write's blocks land, torn at block grain.
+                for block in 0..data.len() / BLOCK_BYTES {
+                    if self.rng.lock().unwrap().gen_bool(0.5) {
+                        let piece = data.slice(block * BLOCK_BYTES..(block + 1) * BLOCK_BYTES);
+                        let at = offset + (block * BLOCK_BYTES) as u64;
+                        self.below.write(at, piece, fua).await?;
+                    }
+                }
+                Err(IoError::Io("crashed".into()))
+            }
+            _ => {
+                // Lets the other clients run, as a network round trip would.
+                tokio::task::yield_now().await;
+                self.below.write(offset, data, fua).await
+            }
+        }
+    }
+    async fn flush(&self) -> Result<(), IoError> {
+        self.below.flush().await
+    }
+    async fn trim(&self, offset: u64, length: u64) -> Result<(), IoError> {
+        self.below.trim(offset, length).await
+    }
+    async fn write_zeroes(&self, offset: u64, length: u64, punch: bool) -> Result<(), IoError> {
+        self.below.write_zeroes(offset, length, punch).await
+    }
+    async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, IoError> {
+        self.below.extents(offset, length).await
+    }
+}
+
+fn encode(a: u64, b: u64) -> Bytes {
+    let mut data = vec![0u8; BLOCK_BYTES];
+    data[..8].copy_from_slice(&a.to_le_bytes());
+    data[8..16].copy_from_slice(&b.to_le_bytes());
+    Bytes::from(data)
+}
+
+fn decode(data: &[u8]) -> (u64, u64) {
+    let at = |i: usize| u64::from_le_bytes(data[i..i + 8].try_into().unwrap());
+    (at(0), at(8))
+}
+
+/// Reads every account: (balances, the transfer count).
+async fn state(volume: &TxVolume) -> (Vec<(u64, u64)>, u64) {
+    let mut t = volume.begin().unwrap();
+    let count = decode(&t.read(COUNTER).await.unwrap()).0;
+    let mut accounts = Vec::new();
+    for a in 1..=ACCOUNTS {
+        accounts.push(decode(&t.read(a).await.unwrap()));
+    }
+    (accounts, count)
+}
+
+#[tokio::test]
+async fn transfers_are_all_or_nothing_across_crashes_and_fencing() {
+    let seeds: u64 = std::env::var("FLOE_ISOTOPE_CRASH_SEEDS").map_or(30, |s| s.parse().unwrap());
+    for seed in 0..seeds {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let memory = Arc::new(MemoryDevice::new(layout::LOG_REGION_BYTES + (1 << 20)));
+        let plain = TxVolume::open(memory.clone(), Isolation::StrictSerializable)
+            .await
+            .unwrap();
+        let mut setup = plain.begin().unwrap();
+        for a in 1..=ACCOUNTS {
+            setup.write(a, encode(INITIAL, 0)).unwrap();
+        }
+        assert!(matches!(
+            setup.commit().await.unwrap(),
+            Outcome::Committed { .. }
+        ));
+        drop(plain);
+        // Several crashes per seed, each reopening what the last one left; long
+        // enough runs that the log ring wraps.
+        let mut acknowledged = 0;
+        for _ in 0..4 {
+            let device = Arc::new(Crashing {
+                below: memory.clone(),
+                writes_left: AtomicU64::new(rng.gen_range(1..4000)),
+                rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(rng.gen())),
+            });
+            let volume = match TxVolume::open(device, Isolation::StrictSerializable).await {
+                Ok(volume) => volume,
+                // Crashed during replay: the next open replays again.
+                Err(_) => continue,
+            };
+            let (_, count) = state(&volume).await;
+            assert!(
+                count >= acknowledged,
+                "seed {seed}: transfer {acknowledged} was acknowledged, found {count}"
+            );
+            acknowledged = count;
+            // Clients at once, so commits wait for the log and go in groups.
+            let acked = std::cell::Cell::new(acknowledged);
+            let client = |mut rng: rand::rngs::StdRng| {
+                let (volume, acked) = (&volume, &acked);
+                async move {
+                    loop {
+                        let mut t = volume.begin().unwrap();
+                        let id = decode(&t.read(COUNTER).await.unwrap()).0 + 1;
+                        // Several accounts per transfer: multi-block records, torn at random.
+                        let from = rng.gen_range(1..=ACCOUNTS);
+                        let to: Vec<u64> = (0..rng.gen_range(1..4))
+                            .map(|_| rng.gen_range(1..=ACCOUNTS))
+                            .filter(|a| *a != from)
+                            .collect();
+                        let mut balance = decode(&t.read(from).await.unwrap()).0;
+                        for a in &to {
+                            let amount = rng.gen_range(0..=balance.min(50));
+                            balance -= amount;
+                            let (to_balance, _) = decode(&t.read(*a).await.unwrap());
+                            t.write(*a, encode(to_balance + amount, id)).unwrap();
+                        }
+                        t.write(from, encode(balance, id)).unwrap();
+                        t.write(COUNTER, encode(id, 0)).unwrap();
+                        match t.commit().await {
+                            Ok(Outcome::Committed { .. }) => acked.set(acked.get().max(id)),
+                            Ok(Outcome::Conflict) => {}
+                            Err(TxError::Stopped(_)) => break,
+                            Err(e) => panic!("seed {seed}: {e}"),
+                        }
+                    }
+                }
+            };
+            let clients =
+                (0..CLIENTS).map(|_| client(rand::rngs::StdRng::seed_from_u64(rng.gen())));
+            futures::future::join_all(clients).await;
+            acknowledged = acked.get();
+            // Stopped: a later commit is refused, with nothing changed.
+            let mut late = volume.begin().unwrap();
+            late.write(1, encode(0, u64::MAX)).unwrap();
+            assert!(matches!(late.commit().await, Err(TxError::Stopped(_))));
+        }
+        let volume = TxVolume::open(memory.clone(), Isolation::StrictSerializable)
+            .await
+            .unwrap();
+        let (accounts, count) = state(&volume).await;
+        assert!(
+            count >= acknowledged,
+            "seed {seed}: transfer {acknowledged} was acknowledged, found {count}"
+        );
+        let total: u64 = accounts.iter().map(|(balance, _)| balance).sum();
+        assert_eq!(
+            total,
+            ACCOUNTS * INITIAL,
+            "seed {seed}: a transfer is partly there"
+        );
+        for (a, (_, last)) in accounts.iter().enumerate() {
+            assert!(
+                *last <= count,
+                "seed {seed}: account {} holds transfer {last} past the counter {count}",
+                a + 1
+            );
+        }
+    }
+}
+
+/// Clients at once increment counters, some in 16-byte fragments of one shared block
+/// (marked), some in blocks of their own: commits go in groups, and no increment is
+/// lost, under either isolation (conflicts and merges within a group included).
+#[tokio::test]
+async fn concurrent_increments_in_groups_lose_nothing() {
+    for isolation in [Isolation::StrictSerializable, Isolation::Snapshot] {
+        let memory = Arc::new(MemoryDevice::new(layout::LOG_REGION_BYTES + (1 << 20)));
+        let device = Arc::new(Crashing {
+            below: memory.clone(),
+            writes_left: AtomicU64::new(u64::MAX),
+            rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(0)),
+        });
+        let volume = TxVolume::open(device, isolation).await.unwrap();
+        let committed = std::cell::Cell::new(0u64);
+        let conflicts = std::cell::Cell::new(0u64);
+        // Counter c: fragment c of block 0 (c < 4), or block c.
+        let client = |seed: u64| {
+            let (volume, committed, conflicts) = (&volume, &committed, &conflicts);
+            async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                let mut done = 0;
+                while done < 40 {
+                    let counter: usize = rng.gen_range(0..8);
+                    let (block, at) = if counter < 4 {
+                        (0, counter * 16)
+                    } else {
+                        (counter as u64, 0)
+                    };
+                    let mut t = volume.begin().unwrap();
+                    let mut data = t.read(block).await.unwrap().to_vec();
+                    let n = u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
+                    data[at..at + 8].copy_from_slice(&(n + 1).to_le_bytes());
+                    t.write(block, Bytes::from(data)).unwrap();
+                    t.mark_accessed(block, at, 8).unwrap();
+                    match t.commit().await.unwrap() {
+                        Outcome::Committed { .. } => {
+                            committed.set(committed.get() + 1);
+                            done += 1;
+                        }
+                        Outcome::Conflict => conflicts.set(conflicts.get() + 1),
+                    }
+                }
+            }
+        };
+        futures::future::join_all((0..6).map(client)).await;
+        let mut t = volume.begin().unwrap();
+        let mut sum = 0;
+        let shared = t.read(0).await.unwrap();
+        for c in 0..8usize {
+            let (data, at) = if c < 4 {
+                (shared.clone(), c * 16)
+            } else {
+                (t.read(c as u64).await.unwrap(), 0)
+            };
+            sum += u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
+        }
+        assert_eq!(sum, committed.get(), "{isolation:?}: increments lost");
+        assert_eq!(sum, 240);
+        assert!(
+            conflicts.get() > 0,
+            "{isolation:?}: the clients never raced"
+        );
+    }
+}
+
+/// A commit whose future is dropped at its first wait (the log append) or its second
+/// (the apply) stops the volume; reopening shows it wholly absent or wholly present.
+#[tokio::test]
+async fn a_commit_cancelled_mid_way_stops_the_volume_and_reopening_recovers_it() {
+    for (polls, present) in [(1, false), (2, true)] {
+        let memory = Arc::new(MemoryDevice::new(layout::LOG_REGION_BYTES + (1 << 20)));
+        let device = Arc::new(Crashing {
+            below: memory.clone(),
+            writes_left: AtomicU64::new(u64::MAX),
+            rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(0)),
+        });
+        let v = TxVolume::open(device, Isolation::StrictSerializable)
+            .await
+            .unwrap();
+        let mut t = v.begin().unwrap();
+        t.write(1, encode(11, 0)).unwrap();
+        t.write(2, encode(11, 0)).unwrap();
+        let mut commit = Box::pin(t.commit());
+        for _ in 0..polls {
+            assert!(futures::poll!(commit.as_mut()).is_pending());
+        }
+        drop(commit);
+        let mut late = v.begin().unwrap();
+        late.write(3, encode(33, 0)).unwrap();
+        assert!(matches!(late.commit().await, Err(TxError::Stopped(_))));
+        drop(v);
+        let again = TxVolume::open(memory, Isolation::StrictSerializable)
+            .await
+            .unwrap();
+        let mut check = again.begin().unwrap();
+        assert_eq!(
+            decode(&check.read(3).await.unwrap()).0,
+            0,
+            "refused: not there"
+        );
+        let expected = if present { 11 } else { 0 };
+        for block in [1, 2] {
+            assert_eq!(
+                decode(&check.read(block).await.unwrap()).0,
+                expected,
+                "{polls} polls"
+            );
+        }
+    }
+}
