@@ -45,8 +45,9 @@ struct Cli {
     /// This process's certificate and key, one PEM file from `floe cert issue`.
     #[arg(long, global = true, env = "FLOE_CERT", requires = "ca")]
     cert: Option<PathBuf>,
-    /// Serve the cluster protocol without TLS on addresses other than loopback
-    /// (refused otherwise: anyone who reaches them could read and write any volume).
+    /// Serve the cluster protocol without TLS on addresses other than loopback, and
+    /// `floe nfs` beyond loopback (refused otherwise: anyone who reaches them could
+    /// read and write any volume).
     #[arg(long, global = true)]
     insecure: bool,
     #[command(subcommand)]

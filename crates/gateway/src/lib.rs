@@ -4,8 +4,9 @@
 //! same chunk allocations. Every stack is measured on top (`measured`: the
 //! per-volume request metrics `/metrics` serves). With TLS, NBD clients may start TLS
 //! (and must, unless on loopback or plain NBD is allowed), and an access list says
-//! who opens what. A gateway upgrades in place without dropping its clients
-//! (`upgrade`).
+//! who opens what. [`Volumes`] opens and shares the stacks; the NFS front end
+//! (`floe-nfs`) opens volumes through it too. A gateway upgrades in place without
+//! dropping its clients (`upgrade`).
 
 mod access;
 mod export_name;

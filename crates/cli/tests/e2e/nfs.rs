@@ -116,7 +116,7 @@ fn nfs_exports_volumes_to_qemu_and_libnfs_under_the_gateways_leases() {
     assert_eq!(size_of("nfsvol").as_deref(), Some("67108864"), "{listing}");
     assert_eq!(size_of("demo").as_deref(), Some("1073741824"), "{listing}");
 
-    // In through NFS (qemu-img flushes at the end: COMMIT), out through NBD.
+    // In through NFS (qemu-img flushes at the end: COMMIT), out through NFS and NBD.
     let written = work.path().join("in.raw");
     random_file(&written, VOLUME_BYTES);
     ok(Command::new("qemu-img")
@@ -124,6 +124,11 @@ fn nfs_exports_volumes_to_qemu_and_libnfs_under_the_gateways_leases() {
         .arg(&written)
         .arg(qemu_url));
     assert!(nfs.requests("nfsvol", "flush") >= 1.0, "no COMMIT arrived");
+    let read = work.path().join("out-qemu.raw");
+    ok(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", qemu_url])
+        .arg(&read));
+    same_bytes(&written, &read, "qemu-img in and out of NFS");
     // The gateway opens the volume once the NFS side closed it, idle, and let its
     // lease go.
     let log = wait_for_file(&nfs.log, Duration::from_secs(20), |t| {
