@@ -90,7 +90,12 @@ pub enum KvCommand {
         target: Target,
         /// isotope (transactions, with --isolation) or locks (the baseline: a lock per
         /// table block and its own redo log over plain writes).
-        #[arg(long, value_enum, default_value = "isotope")]
+        #[arg(
+            long,
+            value_enum,
+            default_value = "isotope",
+            hide_possible_values = true
+        )]
         engine: crate::kv_bench::Engine,
         /// Transactions run at once.
         #[arg(long, default_value_t = 8)]
