@@ -23,9 +23,6 @@ use std::time::Duration;
 /// The one export's path: `mount -t nfs HOST:/floe`, `nfs://HOST/floe/VOLUME`.
 pub const EXPORT: &str = "/floe";
 
-/// How long a stopping process leaves the release calls of its leases to finish.
-const LEASE_RELEASE_GRACE: Duration = Duration::from_millis(200);
-
 /// How the NFS front end serves its volumes.
 pub struct Options {
     /// Bytes of writes acknowledged early (flush-epoch, log-commit) a volume may hold
@@ -80,8 +77,8 @@ pub async fn run(
     // Writes acknowledged early (flush-epoch and log-commit volumes) reach the
     // replicas before the process exits.
     floe_client::draining::drained().await;
-    // A dropped lease is released by a call its drop spawned: left to run, it spares
+    // A dropped lease is released by a call its drop spawned: answered, it spares
     // the next gateway waiting out the lease's term.
-    tokio::time::sleep(LEASE_RELEASE_GRACE).await;
+    floe_client::lease::releases_answered().await;
     Ok(())
 }
