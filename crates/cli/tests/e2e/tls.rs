@@ -406,3 +406,55 @@ fn nbd_over_tls_with_pre_shared_keys_and_an_access_list() {
     assert!(!refused.status.success());
     assert!(said.contains("client bob may not open demo"), "{said}");
 }
+
+#[test]
+fn revoked_certificates_are_refused_from_the_next_connection_without_a_restart() {
+    let dir = TestDir::new();
+    let cluster = Cluster::start_tls(dir.path());
+    let certs = cluster.info.certs.clone().expect("the demo runs TLS");
+    let nbd = nbd_address(&cluster);
+    for (name, role) in [("eve", "client"), ("ops", "admin")] {
+        ok(Command::new(FLOE)
+            .args(["cert", "issue"])
+            .arg(&certs)
+            .args([name, "--role", role]));
+    }
+    let nbdinfo = |client: &str| {
+        output(Command::new("nbdinfo").arg(format!(
+            "nbds://{nbd}/demo?tls-certificates={}",
+            certs.join(client).display()
+        )))
+    };
+    assert!(nbdinfo("eve").status.success());
+    ok(cluster.command_as("ops").args(["volume", "list"]));
+
+    for name in ["eve", "ops"] {
+        let said = ok(Command::new(FLOE)
+            .args(["cert", "revoke"])
+            .arg(&certs)
+            .arg(name));
+        assert!(said.contains(&format!("revoked {name}")), "{said}");
+    }
+    let again = output(
+        Command::new(FLOE)
+            .args(["cert", "revoke"])
+            .arg(&certs)
+            .arg("eve"),
+    );
+    assert!(!again.status.success());
+    assert!(text(&again).contains("revoked already"), "{}", text(&again));
+
+    // The gateway and the master read the new list at the next handshake.
+    let refused = nbdinfo("eve");
+    assert!(!refused.status.success(), "a revoked client was served");
+    let admin = output(cluster.command_as("ops").args(["volume", "list"]));
+    assert!(!admin.status.success(), "a revoked operator was served");
+    let said = text(&admin);
+    assert!(said.to_lowercase().contains("revoked"), "{said}");
+    assert_eq!(said.trim().lines().count(), 1, "{said}");
+
+    // Everyone else is served as before, by processes that never restarted.
+    assert!(nbdinfo("client").status.success());
+    let status = cluster.floe(&["status"]);
+    assert!(status.contains("6/6 chunk servers up"), "{status}");
+}

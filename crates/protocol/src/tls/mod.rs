@@ -8,18 +8,19 @@
 //! dialled: processes reach each other by whatever address the cluster map holds,
 //! and the CA signs only the cluster's own processes.
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::WebPkiClientVerifier;
-use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::RootCertStore;
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+
+mod revocation;
+use revocation::Revocations;
+pub use revocation::CRL_FILE;
 
 /// How long an accepted connection may take to finish its handshake.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
@@ -170,36 +171,25 @@ impl Tls {
         let roots = Arc::new(roots);
         let tls13 = &[&rustls::version::TLS13];
         let failed = |e: rustls::Error| format!("{}: {e}", cert.display());
-        let server_verifier =
-            WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
-                .build()
-                .map_err(|e| e.to_string())?;
+        let revocations = Revocations::load(roots, provider.clone(), ca)?;
         let client = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(tls13)
             .map_err(failed)?
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(ClusterCa(server_verifier)))
+            .with_custom_certificate_verifier(revocations.servers())
             .with_client_auth_cert(chain.clone(), key.clone_key())
             .map_err(failed)?;
-        let client_verifier =
-            WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
-                .build()
-                .map_err(|e| e.to_string())?;
         let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(tls13)
             .map_err(failed)?
-            .with_client_cert_verifier(client_verifier)
+            .with_client_cert_verifier(revocations.clients(false))
             .with_single_cert(chain.clone(), key.clone_key())
             .map_err(failed)?;
         server.ignore_client_order = true;
-        let nbd_verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-            .allow_unauthenticated()
-            .build()
-            .map_err(|e| e.to_string())?;
         let mut nbd = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(failed)?
-            .with_client_cert_verifier(nbd_verifier)
+            .with_client_cert_verifier(revocations.clients(true))
             .with_single_cert(chain, key)
             .map_err(failed)?;
         nbd.ignore_client_order = true;
@@ -211,7 +201,7 @@ impl Tls {
         })
     }
 
-    /// The name a client hands rustls: unused by [`ClusterCa`], which checks the CA
+    /// The name a client hands rustls: unused by the verifier, which checks the CA
     /// and not the address.
     pub fn server_name() -> ServerName<'static> {
         ServerName::try_from("floe").expect("a valid DNS name")
@@ -225,54 +215,6 @@ pub fn peer_identity(connection: &rustls::CommonState) -> Result<Identity, Strin
         .and_then(|c| c.first())
         .ok_or("no certificate")?;
     Identity::of(certificate)
-}
-
-/// Checks a server's certificate chains to the cluster CA, whatever address it was
-/// reached at.
-#[derive(Debug)]
-struct ClusterCa(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ClusterCa {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
 }
 
 /// The two halves of a connection, plain or TLS.

@@ -10,6 +10,8 @@
 //! adds one to a key file in psktool's format, which the gateway (`--nbd-psk`),
 //! QEMU's `tls-creds-psk` (as `DIR/keys.psk`) and libnbd's `tls-psk-file` all read.
 
+mod revoke;
+
 use clap::Subcommand;
 use floe_protocol::tls::Role;
 use rcgen::{
@@ -58,6 +60,14 @@ pub enum CertCommand {
         #[arg(long, default_value_t = DAYS_DEFAULT)]
         days: i64,
     },
+    /// Revoke DIR/NAME.pem: adds it to the CA's revocation list DIR/crl.pem, which
+    /// every process reads beside its --ca file at each new connection.
+    Revoke {
+        /// Directory holding the CA (from `floe cert init`).
+        dir: PathBuf,
+        /// The holder whose certificate is revoked (DIR/NAME.pem).
+        name: String,
+    },
     /// Add a random pre-shared key for NBD client NAME to FILE (created if missing),
     /// a line `NAME:HEXKEY`; give FILE to the gateway with --nbd-psk and to the client.
     Psk {
@@ -89,6 +99,7 @@ pub fn run(command: CertCommand) -> Result<(), String> {
             let path = issue(&dir, &name, role, &hosts, days)?;
             println!("issued {} ({role} {name})", path.display());
         }
+        CertCommand::Revoke { dir, name } => revoke::revoke(&dir, &name)?,
         CertCommand::Psk { file, name } => {
             add_psk(&file, &name)?;
             println!("added a key for {name} to {}", file.display());
@@ -128,19 +139,7 @@ pub fn issue(
     if name.is_empty() || name.contains(['/', '\0']) || name == "ca" {
         return Err(format!("{name:?} cannot name a certificate file"));
     }
-    let read = |file: &str| {
-        let path = dir.join(file);
-        std::fs::read_to_string(&path).map_err(|e| {
-            format!(
-                "cannot read {}: {e} (make a CA with `floe cert init {}`)",
-                path.display(),
-                dir.display()
-            )
-        })
-    };
-    let ca_key = KeyPair::from_pem(&read("ca.key")?).map_err(|e| format!("ca.key: {e}"))?;
-    let issuer =
-        Issuer::from_ca_cert_pem(&read("ca.pem")?, ca_key).map_err(|e| format!("ca.pem: {e}"))?;
+    let issuer = issuer(dir)?;
     let key = KeyPair::generate().map_err(|e| e.to_string())?;
     let mut params = CertificateParams::new(hosts.to_vec()).map_err(|e| format!("--host: {e}"))?;
     params.distinguished_name.push(DnType::CommonName, name);
@@ -160,7 +159,7 @@ pub fn issue(
         let client = dir.join(name);
         std::fs::create_dir_all(&client)
             .map_err(|e| format!("cannot create {}: {e}", client.display()))?;
-        write_new(&client.join("ca-cert.pem"), &read("ca.pem")?, 0o644)?;
+        write_new(&client.join("ca-cert.pem"), &ca_file(dir, "ca.pem")?, 0o644)?;
         write_new(&client.join("client-cert.pem"), &certificate.pem(), 0o644)?;
         write_new(
             &client.join("client-key.pem"),
@@ -169,6 +168,24 @@ pub fn issue(
         )?;
     }
     Ok(path)
+}
+
+/// One of the CA's files in `dir`.
+fn ca_file(dir: &Path, file: &str) -> Result<String, String> {
+    let path = dir.join(file);
+    std::fs::read_to_string(&path).map_err(|e| {
+        format!(
+            "cannot read {}: {e} (make a CA with `floe cert init {}`)",
+            path.display(),
+            dir.display()
+        )
+    })
+}
+
+/// The CA in `dir`, to sign with.
+fn issuer(dir: &Path) -> Result<Issuer<'static, KeyPair>, String> {
+    let key = KeyPair::from_pem(&ca_file(dir, "ca.key")?).map_err(|e| format!("ca.key: {e}"))?;
+    Issuer::from_ca_cert_pem(&ca_file(dir, "ca.pem")?, key).map_err(|e| format!("ca.pem: {e}"))
 }
 
 fn valid_for(params: &mut CertificateParams, days: i64) {
