@@ -233,6 +233,35 @@ impl Process {
         }
     }
 
+    /// Waits until `ready` says the process serves at `address` and it still runs a
+    /// moment later: another process may hold the port, and then ours exits.
+    async fn wait_ready(
+        &mut self,
+        address: &str,
+        ready: impl AsyncFn(&str) -> bool,
+        deadline: Instant,
+        logs: &Path,
+    ) -> Result<(), String> {
+        loop {
+            let serving = ready(address).await;
+            if serving {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            self.check(logs);
+            if self.exited || Instant::now() > deadline {
+                return Err(format!(
+                    "{} did not start on {address} (is the port taken?); see {}",
+                    self.name,
+                    logs.join(format!("{}.log", self.name)).display()
+                ));
+            }
+            if serving {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn signal(&self, signal: i32) {
         if !self.exited {
             // SAFETY: kill(2) on our own child's PID.
@@ -486,26 +515,10 @@ async fn start(
         gateway.extend(["--nbd-psk".into(), credentials.psk().display().to_string()]);
     }
     processes.push(spawn("gateway", gateway, &nbd_address)?);
-    // Ready when an NBD server greets on the port and our gateway is still running a
-    // moment later: another process may hold the port, and then ours exits.
-    loop {
-        let greeted = speaks_nbd(&nbd_address).await;
-        if greeted {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let gateway = processes.last_mut().expect("gateway pushed");
-        gateway.check(logs);
-        if gateway.exited || Instant::now() > deadline {
-            return Err(format!(
-                "gateway did not start on {nbd_address} (is the port taken?); see {}",
-                logs.join("gateway.log").display()
-            ));
-        }
-        if greeted {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let gateway = processes.last_mut().expect("gateway pushed");
+    gateway
+        .wait_ready(&nbd_address, speaks_nbd, deadline, logs)
+        .await?;
     let nfs_address = match options.nfs_port {
         Some(port) => {
             let nfs = start_nfs(port, master_address, deadline, logs, &spawn, processes);
@@ -611,24 +624,10 @@ async fn start_nfs(
     say!("starting nfs on {address}");
     let nfs_args = args(&["nfs", "--listen", &address, "--master", master_address]);
     processes.push(spawn("nfs", nfs_args, &address)?);
-    loop {
-        let listening = tokio::net::TcpStream::connect(&address).await.is_ok();
-        if listening {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let nfs = processes.last_mut().expect("nfs pushed");
-        nfs.check(logs);
-        if nfs.exited || Instant::now() > deadline {
-            return Err(format!(
-                "floe nfs did not start on {address} (is the port taken?); see {}",
-                logs.join("nfs.log").display()
-            ));
-        }
-        if listening {
-            return Ok(address);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let listening = async |address: &str| tokio::net::TcpStream::connect(address).await.is_ok();
+    let nfs = processes.last_mut().expect("nfs pushed");
+    nfs.wait_ready(&address, listening, deadline, logs).await?;
+    Ok(address)
 }
 
 /// The CLI's settings for this cluster, as shell exports.
