@@ -21,6 +21,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/crash_client.py");
+/// Where the ledger writers' shared module (ledger_content.py) lives: their PYTHONPATH.
+pub const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e");
 const BLOCK: u64 = 4096;
 /// Writes land in the first 300 MiB: all of the first object set, part of the second.
 const REGION_BLOCKS: u64 = (300 << 20) / BLOCK;
@@ -263,6 +265,7 @@ fn client(uri: &str, seed: u64) -> Command {
     command
         .args(["-u", uri, "-c"])
         .arg(format!("exec(open({CLIENT:?}).read())"))
+        .env("PYTHONPATH", SCRIPTS)
         .env("FLOE_CRASH_SEED", seed.to_string());
     command
 }
@@ -309,20 +312,21 @@ fn wait_for_first_ack(writer: &mut Writer, ledger: &Path) {
 }
 
 #[derive(Deserialize, Debug)]
-struct NbdReport {
-    acked: u64,
-    lost: u64,
+pub struct NbdReport {
+    pub acked: u64,
+    pub lost: u64,
     unacked: u64,
     unacked_present: u64,
     /// Unacknowledged blocks that read back with their content (from the primary).
     unacked_present_blocks: Vec<u64>,
-    torn: u64,
-    bad: Vec<String>,
+    pub torn: u64,
+    pub bad: Vec<String>,
 }
 
-/// Reads every block of rounds 0..rounds through the gateway (crash_client.py).
-fn verify_nbd(cluster: &Cluster, work: &Path, rounds: u32, seed: u64) -> NbdReport {
-    let out = ok(client(cluster.uri(), seed)
+/// Reads every block of rounds 0..rounds of the ledgers in `work` (`ledger-R.txt`)
+/// through the NBD export `uri` (crash_client.py).
+pub fn verify_nbd(uri: &str, work: &Path, rounds: u32, seed: u64) -> NbdReport {
+    let out = ok(client(uri, seed)
         .env("FLOE_CRASH_MODE", "verify")
         .env("FLOE_CRASH_DIR", work)
         .env("FLOE_CRASH_ROUNDS", rounds.to_string()));
@@ -558,7 +562,7 @@ fn kill_9_rounds(write_mode: &str, default_rounds: u32) {
                 "cs-{n} did not replay its write-ahead log after kill -9"
             );
         }
-        let report = verify_nbd(&cluster, work.path(), round + 1, seed);
+        let report = verify_nbd(cluster.uri(), work.path(), round + 1, seed);
         assert!(
             report.lost == 0 && report.torn == 0,
             "round {round}: through NBD: {report:?}\n{}",

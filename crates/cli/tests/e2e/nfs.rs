@@ -6,14 +6,18 @@
 //! free). libnfs's tools are given the ports in the URL instead.
 
 use crate::cluster::{free_ports, nbdsh, ok, output, random_file, Cluster, TestDir, FLOE};
-use crate::io_helpers::{alive, qemu_io, text, wait_for_file};
+use crate::crash::{verify_nbd, SCRIPTS};
+use crate::io_helpers::{alive, text, wait_for_file, wait_until};
 use floe_metrics::scrape;
+use rand::Rng;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const VOLUME_BYTES: usize = 64 << 20;
 const NFS_ADDRESS: &str = "127.0.0.1:111";
+/// The ledger writer's volume, in 4 KiB blocks (16 MiB).
+const CRASH_BLOCKS: u64 = 4096;
 
 /// A `floe nfs` process, killed if the test ends first.
 struct Nfs {
@@ -97,6 +101,15 @@ fn nfs_exports_volumes_to_qemu_and_libnfs_under_the_gateways_leases() {
         "nfsvol",
         "--size",
         "64M",
+        "--write-mode",
+        "write-back",
+    ]);
+    cluster.floe(&[
+        "volume",
+        "create",
+        "nfscrash",
+        "--size",
+        "16M",
         "--write-mode",
         "write-back",
     ]);
@@ -204,15 +217,49 @@ fn nfs_exports_volumes_to_qemu_and_libnfs_under_the_gateways_leases() {
     let listing = ok(Command::new("nfs-ls").arg(libnfs_url("")));
     assert!(!listing.contains("new-volume"), "{listing}");
 
-    // kill -9 right after a COMMIT: what it committed is on the replicas.
-    let flushes = nfs.requests("nfsvol", "flush");
-    qemu_io(qemu_url, &["write -P 0x3c 4M 1M", "flush"]);
-    assert!(
-        nfs.requests("nfsvol", "flush") > flushes,
-        "no COMMIT arrived"
+    // kill -9 at a random moment under a writer that keeps a ledger: every write
+    // acknowledged at a COMMIT's reply or as FILE_SYNC is on the replicas, and none is
+    // torn (read back through the gateway, once the killed process's lease runs out).
+    let ledgers = work.path().join("ledgers");
+    std::fs::create_dir(&ledgers).unwrap();
+    let ledger = ledgers.join("ledger-0.txt");
+    let seed = rand::random::<u32>() as u64;
+    let mut writer = Command::new("python3")
+        .arg(format!("{SCRIPTS}/nfs_ledger.py"))
+        .args(["127.0.0.1", "111", "/floe", "nfscrash"])
+        .env("PYTHONPATH", SCRIPTS)
+        .env("FLOE_CRASH_SEED", seed.to_string())
+        .env("FLOE_CRASH_ROUND", "0")
+        .env("FLOE_CRASH_START", "0")
+        .env("FLOE_CRASH_COUNT", CRASH_BLOCKS.to_string())
+        .env("FLOE_CRASH_REGION_BLOCKS", CRASH_BLOCKS.to_string())
+        .env("FLOE_CRASH_LEDGER", &ledger)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let kill_after = rand::thread_rng().gen_range(16..400);
+    let acked = || {
+        let text = std::fs::read_to_string(&ledger).unwrap_or_default();
+        text.lines().filter(|l| l.starts_with("A ")).count()
+    };
+    wait_until(
+        "the NFS writer's acknowledged writes",
+        Duration::from_secs(120),
+        || acked() >= kill_after || writer.try_wait().unwrap().is_some(),
     );
     // SAFETY: kill(2) on the process this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
-    // The gateway waits out the killed process's lease.
-    qemu_io(&nbd, &["read -P 0x3c 4M 1M"]);
+    let summary = writer.wait_with_output().unwrap();
+    let summary = String::from_utf8_lossy(&summary.stdout);
+    assert!(
+        summary.contains("\"error\": \""),
+        "the writer outlived the server: {summary}"
+    );
+    let nbd = cluster.uri().replace("/demo", "/nfscrash");
+    let report = verify_nbd(&nbd, &ledgers, 1, seed);
+    assert!(
+        report.acked as usize >= kill_after,
+        "{report:?} ({summary})"
+    );
+    assert_eq!((report.lost, report.torn), (0, 0), "{report:?}");
 }

@@ -56,15 +56,34 @@ def handle(body, at=4):
     return body[at + 4 : at + 4 + length]
 
 
-def main():
-    host, port, export, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    rpc = Rpc(host, port)
+def open_file(rpc, export, name):
+    """Mounts `export` and looks `name` up: (the root's handle, the file's)."""
     mounted = rpc.call(MOUNT, 1, opaque(export.encode()))
     assert struct.unpack(">I", mounted[:4])[0] == 0, "mount refused"
     root = handle(mounted)
     found = rpc.call(NFS, 3, opaque(root) + opaque(name.encode()))
     assert struct.unpack(">I", found[:4])[0] == 0, f"no file {name}"
-    file = handle(found)
+    return root, handle(found)
+
+
+FILE_SYNC = 2
+
+
+def write(rpc, file, offset, data, stable=FILE_SYNC):
+    """WRITE's status; `stable`: 0 UNSTABLE, 1 DATA_SYNC, 2 FILE_SYNC."""
+    args = opaque(file) + struct.pack(">QII", offset, len(data), stable) + opaque(data)
+    return struct.unpack(">I", rpc.call(NFS, 7, args)[:4])[0]
+
+
+def commit(rpc, file):
+    """COMMIT of the whole file: its status."""
+    return struct.unpack(">I", rpc.call(NFS, 21, opaque(file) + struct.pack(">QI", 0, 0))[:4])[0]
+
+
+def main():
+    host, port, export, name = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    rpc = Rpc(host, port)
+    root, file = open_file(rpc, export, name)
 
     def size():
         attributes = rpc.call(NFS, 1, opaque(file))
@@ -72,20 +91,17 @@ def main():
         assert status == 0, f"GETATTR: {status}"
         return struct.unpack(">Q", attributes[4 + 20 : 4 + 28])[0]
 
-    def write(offset, data):
-        args = opaque(file) + struct.pack(">QII", offset, len(data), 2) + opaque(data)
-        return struct.unpack(">I", rpc.call(NFS, 7, args)[:4])[0]
-
     bytes_before = size()
     result = {
         "size": bytes_before,
-        "write_across_the_end": write(bytes_before - 4096, b"\xee" * 8192),
-        "write_after_the_end": write(bytes_before, b"\xee" * 4096),
+        "write_across_the_end": write(rpc, file, bytes_before - 4096, b"\xee" * 8192),
+        "write_after_the_end": write(rpc, file, bytes_before, b"\xee" * 4096),
         "remove": struct.unpack(">I", rpc.call(NFS, 12, opaque(root) + opaque(name.encode()))[:4])[0],
-        "write_inside": write(bytes_before - 4096, b"\xee" * 4096),
+        "write_inside": write(rpc, file, bytes_before - 4096, b"\xee" * 4096),
         "size_after": size(),
     }
     print(json.dumps(result))
 
 
-main()
+if __name__ == "__main__":
+    main()
