@@ -790,6 +790,7 @@ impl ReplicatedChunks {
             volume_id: self.volume_id,
             index,
             server,
+            generation: self.lease.as_ref().map_or(0, Lease::generation),
         };
         let deadline = Instant::now() + REQUEST_DEADLINE;
         loop {
@@ -800,6 +801,11 @@ impl ReplicatedChunks {
                 Ok(Ok(other)) => {
                     return tracing::warn!("master answered a laggard report with {other:?}")
                 }
+                // Deposed: this writer's writes fail from here on anyway.
+                Ok(Err(CallError::Remote {
+                    status: Status::Fenced,
+                    message,
+                })) => return tracing::warn!("laggard report refused: {message}"),
                 failed if Instant::now() > deadline => {
                     tracing::warn!("cannot report a laggard to the master: {failed:?}");
                     if let Some(chunk) = self.chunks.lock().unwrap().get_mut(&index) {

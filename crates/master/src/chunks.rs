@@ -3,8 +3,8 @@
 //! see [`crate::recovery`]).
 
 use crate::state::chunk_op;
-use crate::Master;
 use crate::Reply;
+use crate::{Master, State};
 use floe_protocol::snapshot::split_index;
 use floe_protocol::{ChunkPlacement, MasterResponse, Proposal, ServerId, Status};
 
@@ -30,20 +30,7 @@ impl Master {
                             format!("volume id {volume_id} does not exist"),
                         ));
                     };
-                    if state
-                        .leases
-                        .get(&volume_id)
-                        .is_some_and(|l| l.generation != generation || l.revoked)
-                    {
-                        return Err((
-                            Status::Fenced,
-                            format!(
-                                "the lease of volume {} (generation {generation}) was lost: \
-                                 its writer allocates no chunk",
-                                volume.spec.name
-                            ),
-                        ));
-                    }
+                    fence(state, volume_id, generation, "allocates no chunk")?;
                     let (delta_of, live) = split_index(index);
                     if live >= volume.spec.chunk_count() {
                         return Err((
@@ -113,15 +100,21 @@ impl Master {
         })
     }
 
+    /// Marks `server`'s replica of a chunk stale. `writer`: the lease generation of
+    /// the writer that reports it, fenced if deposed; `None` when the master decides.
     pub(crate) async fn report_laggard(
         &self,
         volume_id: u64,
         index: u64,
         server: ServerId,
+        writer: Option<u32>,
     ) -> Reply {
         let placement = self
             .change(
                 |state| {
+                    if let Some(generation) = writer {
+                        fence(state, volume_id, generation, "marks no replica stale")?;
+                    }
                     let Some(mut placement) = state.placement(volume_id, index) else {
                         return Err((
                             Status::NotFound,
@@ -152,5 +145,32 @@ impl Master {
             servers: self.state().servers_of(&placement),
             placement,
         })
+    }
+}
+
+/// Refuses a writer whose lease `generation` of volume `volume_id` is no longer the
+/// current one: it `does` nothing more.
+fn fence(
+    state: &State,
+    volume_id: u64,
+    generation: u32,
+    does: &str,
+) -> Result<(), (Status, String)> {
+    match state.leases.get(&volume_id) {
+        Some(lease) if lease.generation != generation || lease.revoked => {
+            let name = state
+                .volumes
+                .values()
+                .find(|v| v.id == volume_id)
+                .map_or("?", |v| v.spec.name.as_str());
+            Err((
+                Status::Fenced,
+                format!(
+                    "the lease of volume {name} (generation {generation}) was lost: \
+                     its writer {does}"
+                ),
+            ))
+        }
+        _ => Ok(()),
     }
 }

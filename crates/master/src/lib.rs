@@ -223,7 +223,11 @@ impl Master {
                 volume_id,
                 index,
                 server,
-            } => self.report_laggard(volume_id, index, server).await,
+                generation,
+            } => {
+                self.report_laggard(volume_id, index, server, Some(generation))
+                    .await
+            }
             R::AcquireLease {
                 name,
                 holder,

@@ -22,8 +22,8 @@ fn acquire(holder: &str) -> MasterRequest {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
+/// A master with one server and volume `demo` (one replica).
+async fn master_with_a_volume() -> Arc<Master> {
     let master = Arc::new(
         Master::load(
             Box::new(MemoryStore::default()),
@@ -54,6 +54,12 @@ async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
     };
     let created = call(&master, MasterRequest::CreateVolume(spec)).await;
     assert!(matches!(created, Response::Master(_)), "{created:?}");
+    master
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
+    let master = master_with_a_volume().await;
     let first = call(&master, acquire("gateway a")).await;
     assert!(
         matches!(first, Response::Master(MasterResponse::Lease { .. })),
@@ -82,5 +88,58 @@ async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
             Response::Master(MasterResponse::Lease { generation: 2, .. })
         ),
         "{granted:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deposed_writer_cannot_mark_a_replica_stale() {
+    let master = master_with_a_volume().await;
+    call(&master, acquire("gateway a")).await;
+    // The master's first volume; gateway a's lease is generation 1.
+    let volume_id = 1;
+    let allocate = MasterRequest::AllocateChunk {
+        volume_id,
+        index: 0,
+        proposal: None,
+        epoch: 0,
+        generation: 1,
+    };
+    let allocated = call(&master, allocate).await;
+    let Response::Master(MasterResponse::Chunk { placement, .. }) = allocated else {
+        panic!("{allocated:?}");
+    };
+    tokio::time::advance(LEASE_TERM + LEASE_DRIFT_MARGIN * 2).await;
+    let granted = call(&master, acquire("gateway b")).await;
+    assert!(
+        matches!(
+            granted,
+            Response::Master(MasterResponse::Lease { generation: 2, .. })
+        ),
+        "{granted:?}"
+    );
+    let report = |generation| MasterRequest::ReportLaggard {
+        volume_id,
+        index: 0,
+        server: placement.replicas[0],
+        generation,
+    };
+    let deposed = call(&master, report(1)).await;
+    assert!(
+        matches!(
+            deposed,
+            Response::Error {
+                status: Status::Fenced,
+                ..
+            }
+        ),
+        "{deposed:?}"
+    );
+    let current = call(&master, report(2)).await;
+    let Response::Master(MasterResponse::Chunk { placement, .. }) = current else {
+        panic!("{current:?}");
+    };
+    assert_eq!(
+        placement.stale, placement.replicas,
+        "the holder's report counts"
     );
 }

@@ -206,11 +206,14 @@ pub enum MasterRequest {
         generation: u32,
     },
     /// A writer committed without `server` (it failed, lagged or timed out): the
-    /// master marks that replica stale and repairs it.
+    /// master marks that replica stale and repairs it. Only the holder of the
+    /// volume's lease `generation` may: a deposed writer's view is out of date.
     ReportLaggard {
         volume_id: u64,
         index: u64,
         server: ServerId,
+        #[serde(default)]
+        generation: u32,
     },
     /// An operator declares a chunk server permanently failed.
     MarkLost {

@@ -110,7 +110,7 @@ impl Master {
                 "audit after a lease ended unreleased: {why}; marked stale"
             );
             if self
-                .report_laggard(volume_id, chunk.index, server)
+                .report_laggard(volume_id, chunk.index, server, None)
                 .await
                 .is_err()
             {

@@ -89,7 +89,7 @@ pub(super) async fn recover(
             Err(e) => {
                 // It may hold part of what it was to copy: it must not count as
                 // current (nor, alone, set a later view's version).
-                master.report_laggard(volume_id, index, *id).await?;
+                master.report_laggard(volume_id, index, *id, None).await?;
                 return Err(e);
             }
         };
