@@ -71,12 +71,14 @@ impl Masters {
                 answered => answered,
             };
         }
-        let deadline = Instant::now() + limit;
+        // `None`: no deadline (a scrub waits as long as it takes).
+        let deadline = Instant::now().checked_add(limit);
+        let left = || deadline.map_or(limit, |d| d.saturating_duration_since(Instant::now()));
         let mut at = self.leader.load(Ordering::Relaxed) % n;
         loop {
             let mut last = None;
             for _ in 0..n {
-                let left = deadline.saturating_duration_since(Instant::now());
+                let left = left();
                 if left.is_zero() {
                     // As a transport error: callers that wait out a master restart
                     // wait out an election too.
@@ -112,8 +114,7 @@ impl Masters {
                     }
                 }
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            tokio::time::sleep(ROUND_PAUSE.min(left)).await;
+            tokio::time::sleep(ROUND_PAUSE.min(left())).await;
         }
     }
 }
@@ -121,6 +122,16 @@ impl Masters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_call_without_a_deadline_waits_instead_of_overflowing() {
+        let masters = Masters::parse("127.0.0.1:1,127.0.0.1:2");
+        let pool = ConnectionPool::default();
+        let request = crate::Request::Master(crate::MasterRequest::Status);
+        let call = masters.call(&pool, request, Duration::MAX);
+        let waited = tokio::time::timeout(Duration::from_millis(300), call).await;
+        assert!(waited.is_err(), "{waited:?}");
+    }
 
     #[test]
     fn parses_a_list() {
