@@ -339,10 +339,10 @@ pub async fn run(listener: TcpListener, metadata: &str, settings: Settings) -> R
         Some(election) => {
             let mut serving = tokio::spawn(server::serve(listener, gate.clone()));
             tracing::info!(%address, %metadata, "standing by: campaigning to lead");
-            let elected = election.campaign(&address);
+            let elected = campaign(election.as_ref(), &address);
             let lost = tokio::select! {
                 served = &mut serving => return Err(format!("accept failed: {served:?}")),
-                elected = elected => elected.map_err(|e| e.to_string())?,
+                lost = elected => lost,
             };
             gate.lead(start(store, settings, ConnectionPool::default()).await?);
             (Some(lost), serving)
@@ -365,3 +365,25 @@ pub async fn run(listener: TcpListener, metadata: &str, settings: Settings) -> R
         why = lost => Err(format!("this master stopped leading: {why}; a standby takes over")),
     }
 }
+
+/// Campaigns until elected. A standby whose candidacy lapses (etcd lost its own
+/// leader, or this host lost etcd for a while) campaigns again rather than exit: only
+/// a leader must stop when its lease is in doubt, and a cluster whose standbys all
+/// exited at one etcd hiccup would have no master left.
+async fn campaign(
+    election: &dyn floe_metadata::Election,
+    address: &str,
+) -> tokio::sync::oneshot::Receiver<String> {
+    loop {
+        match election.campaign(address).await {
+            Ok(lost) => return lost,
+            Err(e) => {
+                tracing::warn!("{e}; campaigning again in {CAMPAIGN_RETRY:?}");
+                tokio::time::sleep(CAMPAIGN_RETRY).await;
+            }
+        }
+    }
+}
+
+/// How long a standby whose candidacy failed waits before it campaigns again.
+const CAMPAIGN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
