@@ -160,6 +160,41 @@ fn io_error(e: CallError) -> IoError {
     }
 }
 
+/// Replicas that refuse a change as from an older view while the master's map shows
+/// no newer one. A view change moves the replicas first and stores the new view after;
+/// one cut short by its master losing the lead (or dying) leaves them in a view no
+/// map will show, and only another view change, past it, frees the chunk. Once the
+/// refusals outlast [`ORPHAN_VIEW_PATIENCE`] (a view change in progress stores its
+/// view well within it), one such replica is reported lagging: that starts one.
+#[derive(Default)]
+struct OrphanView {
+    since: Option<Instant>,
+    reported: bool,
+}
+
+/// How long a change may be refused for its view before it is taken for an orphan.
+const ORPHAN_VIEW_PATIENCE: Duration = Duration::from_secs(5);
+
+impl OrphanView {
+    /// The replica to report, once.
+    fn report(&mut self, outcomes: &[(ServerId, Outcome)]) -> Option<ServerId> {
+        let refusing = outcomes
+            .iter()
+            .find(|(_, o)| matches!(o, Outcome::StaleView))
+            .map(|(id, _)| *id);
+        let Some(server) = refusing else {
+            self.since = None;
+            return None;
+        };
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if self.reported || since.elapsed() < ORPHAN_VIEW_PATIENCE {
+            return None;
+        }
+        self.reported = true;
+        Some(server)
+    }
+}
+
 /// One replica's answer to a change.
 enum Outcome {
     Done,
@@ -937,6 +972,7 @@ impl ReplicatedChunks {
         // sent in its place (see [`no_op`]).
         let mut refused: Option<String> = None;
         let chunk_id = self.chunk_id(index);
+        let mut orphan_view = OrphanView::default();
         loop {
             // Nothing is sent while the lease may have run out, resends included:
             // another gateway may hold the volume, and chunk servers hear of its
@@ -1059,6 +1095,13 @@ impl ReplicatedChunks {
                 }
                 in_flight.settled();
                 return Err(IoError::NoSpace(message));
+            }
+            if let Some(server) = orphan_view.report(&outcomes) {
+                let why = CallError::Remote {
+                    status: Status::StaleView,
+                    message: format!("in a view past {view} that the master never stored"),
+                };
+                self.leave_behind(index, server, &why).await;
             }
             for (id, o) in outcomes {
                 if let Outcome::Lagging(e) = o {
