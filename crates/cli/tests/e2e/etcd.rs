@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const ETCD: &str = "/usr/bin/etcd";
+pub const ETCD: &str = "/usr/bin/etcd";
 
 /// An etcd of one or more members on loopback, each with its own data directory under
 /// one directory; killed on drop.
@@ -70,7 +70,11 @@ impl Etcd {
             client_ports: ports.iter().map(|(client, _)| *client).collect(),
         };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !etcd.client_ports.iter().all(|p| healthy(*p)) {
+        while !etcd
+            .client_ports
+            .iter()
+            .all(|p| healthy(&format!("127.0.0.1:{p}")))
+        {
             for member in &mut etcd.members {
                 if let Ok(Some(status)) = member.try_wait() {
                     panic!("etcd exited early: {status}");
@@ -93,13 +97,14 @@ impl Etcd {
     }
 }
 
-/// etcd's own /health endpoint says the member has a leader and serves.
-fn healthy(client_port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", client_port)) else {
+/// etcd's own /health endpoint at `address` (HOST:PORT) says the member has a leader
+/// and serves.
+pub fn healthy(address: &str) -> bool {
+    let Ok(mut stream) = TcpStream::connect(address) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    let request = "GET /health HTTP/1.0\r\nHost: etcd\r\n\r\n";
     let mut reply = String::new();
     stream.write_all(request.as_bytes()).is_ok()
         && stream.read_to_string(&mut reply).is_ok()

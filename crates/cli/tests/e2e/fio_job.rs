@@ -27,6 +27,8 @@ pub struct FioJob {
     name: String,
     work: PathBuf,
     args: Vec<String>,
+    /// The network namespace fio runs in (a test's host), if not the test's own.
+    namespace: Option<String>,
 }
 
 impl FioJob {
@@ -39,7 +41,14 @@ impl FioJob {
                 "--ioengine=nbd".into(),
                 format!("--uri={uri}"),
             ],
+            namespace: None,
         }
+    }
+
+    /// Runs fio in network namespace `ns`.
+    pub fn in_namespace(mut self, ns: &str) -> FioJob {
+        self.namespace = Some(ns.to_string());
+        self
     }
 
     /// 4 KiB random writes, 16 in flight, over the first 256 MiB: the demo volume's
@@ -156,7 +165,14 @@ impl FioJob {
     }
 
     pub fn command(&self) -> Command {
-        let mut command = Command::new("fio");
+        let mut command = match &self.namespace {
+            Some(ns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", ns, "fio"]);
+                command
+            }
+            None => Command::new("fio"),
+        };
         command.current_dir(&self.work).args(&self.args);
         command
     }
