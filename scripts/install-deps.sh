@@ -8,13 +8,14 @@
 #           nftables and iproute2 (network cuts, hosts as network namespaces),
 #           systemd (systemd-analyze checks deploy/systemd), ceph-base for crushtool
 #           (placement is checked bit-exact against it)
-#   bench:  what bench/run compares against and draws with: fio, nbdkit, Ceph 16
+#   bench:  what bench/run compares against and draws with: fio, nbdkit, etcd and
+#           qemu-io (--failover), Ceph 16
 #           (mon, osd, mgr, librbd for fio's rbd engine), matplotlib, strace
 set -euo pipefail
 want=(protobuf-compiler libssl-dev pkg-config)
 case "${1:-}" in
   --test) want+=(fio qemu-utils qemu-block-extra libnfs-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux nftables iproute2 systemd ceph-base) ;;
-  --bench) want+=(fio nbdkit ceph-mon ceph-osd ceph-mgr ceph-common librbd1 python3 python3-matplotlib strace) ;;
+  --bench) want+=(fio nbdkit etcd-server qemu-utils ceph-mon ceph-osd ceph-mgr ceph-common librbd1 python3 python3-matplotlib strace) ;;
   "") ;;
   *) echo "usage: $0 [--test|--bench]" >&2; exit 2 ;;
 esac
