@@ -83,8 +83,8 @@ pub enum KvCommand {
         #[arg(long)]
         ledger: std::path::PathBuf,
     },
-    /// Measure transactions per second: clients each updating two random keys per
-    /// transaction, for a while; prints one JSON document.
+    /// Measure transactions per second and the abort rate: clients each updating two
+    /// random keys per transaction, for a while; prints one JSON document.
     Bench {
         #[command(flatten)]
         target: Target,
@@ -103,6 +103,10 @@ pub enum KvCommand {
         /// Keys updated at random (created first).
         #[arg(long, default_value_t = 1000)]
         keys: u32,
+        /// Pick keys Zipf-distributed with this exponent (e.g. 0.99: contention on a
+        /// few hot keys); 0 picks them uniformly.
+        #[arg(long, default_value_t = 0.0)]
+        zipf: f64,
         /// Seconds to measure.
         #[arg(long, default_value_t = 10)]
         seconds: u64,
@@ -272,13 +276,18 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
             engine,
             clients,
             keys,
+            zipf,
             seconds,
         } => {
+            if !(zipf >= 0.0 && zipf.is_finite()) {
+                return Err(format!("--zipf {zipf}: the exponent is 0 or more"));
+            }
             let options = crate::kv_bench::Options {
                 engine,
                 isolation: target.isolation,
                 clients,
                 keys,
+                skew: zipf,
                 duration: Duration::from_secs(seconds),
             };
             crate::kv_bench::run(volume, name, options).await

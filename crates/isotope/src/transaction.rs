@@ -13,6 +13,9 @@ use std::sync::Arc;
 #[derive(Default)]
 struct Access {
     read: bool,
+    /// The block as of the start, if read from the volume: what a commit merges onto
+    /// when no later commit wrote the block, instead of reading it again.
+    base: Option<Bytes>,
     written: Option<Bytes>,
     /// The fragments the application said it touched; none said: the whole block.
     marks: Fragments,
@@ -63,9 +66,10 @@ impl Body {
         }
     }
 
-    pub(crate) fn writes(&self) -> impl Iterator<Item = (u64, &Bytes)> {
+    /// Each block written: its new contents, and the block as of the start if read.
+    pub(crate) fn writes(&self) -> impl Iterator<Item = (u64, &Bytes, Option<&Bytes>)> {
         let written = self.blocks.iter();
-        written.filter_map(|(b, a)| a.written.as_ref().map(|d| (*b, d)))
+        written.filter_map(|(b, a)| a.written.as_ref().map(|d| (*b, d, a.base.as_ref())))
     }
 }
 
@@ -117,7 +121,9 @@ impl Transaction {
             return Ok(data);
         }
         let data = self.volume.read_as_of(start, block).await?;
-        self.body().blocks.entry(block).or_default().read = true;
+        let access = self.body().blocks.entry(block).or_default();
+        access.read = true;
+        access.base = Some(data.clone());
         Ok(data)
     }
 

@@ -312,22 +312,23 @@ impl Inner {
             // fragments of the same block are kept (thesis 4.2.2's lost-update step).
             let mut blocks = Vec::new();
             let mut written = BTreeMap::new();
-            for (block, data) in body.writes() {
-                let before = match newest.get(&block) {
-                    Some(image) => image.clone(),
-                    None => self
-                        .device
-                        .read(layout::data_offset(block), BLOCK_BYTES as u32)
-                        .await
-                        .map_err(|e| self.stop(format!("reading block {block} to commit: {e}")))?,
-                };
+            for (block, data, base) in body.writes() {
+                let before = self.newest(block, base).await?;
                 let fragments = touched.written[&block];
                 let mut merged = BytesMut::from(&before[..]);
                 fragments.overlay(data, &mut merged);
                 let merged = merged.freeze();
                 newest.insert(block, merged.clone());
-                blocks.push((block, merged));
-                written.insert(block, Written { fragments, before });
+                blocks.push((block, merged.clone()));
+                let after = merged;
+                written.insert(
+                    block,
+                    Written {
+                        fragments,
+                        before,
+                        after,
+                    },
+                );
             }
             // In the window at once: later members conflict with it, and reads of
             // open transactions take its before-images from here on.
@@ -361,6 +362,24 @@ impl Inner {
         // before-images instead of half-written blocks.
         self.state.lock().unwrap().version = version;
         Ok(outcomes)
+    }
+
+    /// The newest contents of `block` (committed, or an earlier group member's):
+    /// the window's if a commit there wrote it; else the image the transaction read
+    /// as of its start (it is still in place: a later commit would be in the window,
+    /// or have preempted the transaction); else read from the volume.
+    async fn newest(&self, block: u64, base: Option<&Bytes>) -> Result<Bytes, TxError> {
+        if let Some(image) = self.state.lock().unwrap().window.newest(block) {
+            return Ok(image);
+        }
+        match base {
+            Some(image) => Ok(image.clone()),
+            None => self
+                .device
+                .read(layout::data_offset(block), BLOCK_BYTES as u32)
+                .await
+                .map_err(|e| self.stop(format!("reading block {block} to commit: {e}"))),
+        }
     }
 
     fn enter_window(&self, committed: Committed) {

@@ -1,7 +1,8 @@
 //! The conflict window (thesis 4.2.1): the transactions committed since the oldest
 //! open transaction began, newest last, with what each wrote (at fragment grain) and
-//! each written block's contents just before it (so a transaction that began earlier
-//! still reads its snapshot once the block is overwritten in place).
+//! each written block's contents just before and just after it (so a transaction that
+//! began earlier still reads its snapshot once the block is overwritten in place, and a
+//! commit merges onto the newest contents without reading them back).
 
 use crate::fragments::Fragments;
 use bytes::Bytes;
@@ -11,6 +12,9 @@ pub struct Written {
     pub fragments: Fragments,
     /// The block as of the version before this one.
     pub before: Bytes,
+    /// The block as of this version (shares its bytes with the next commit's
+    /// `before`).
+    pub after: Bytes,
 }
 
 pub struct Committed {
@@ -72,6 +76,13 @@ impl Window {
     pub fn as_of(&self, start: u64, block: u64) -> Option<Bytes> {
         self.after(start)
             .find_map(|c| c.blocks.get(&block).map(|w| w.before.clone()))
+    }
+
+    /// `block` as of the newest commit here that wrote it, if any did (else the block
+    /// in place is older than every commit here).
+    pub fn newest(&self, block: u64) -> Option<Bytes> {
+        let mut newest_first = self.committed.iter().rev();
+        newest_first.find_map(|c| c.blocks.get(&block).map(|w| w.after.clone()))
     }
 
     /// Forgets what no open transaction can read or conflict with: the versions at or

@@ -200,8 +200,13 @@ async fn transfers_are_all_or_nothing_across_crashes_and_fencing() {
 /// Clients at once increment counters, some in 16-byte fragments of one shared block
 /// (marked), some in blocks of their own: commits go in groups, and no increment is
 /// lost, under either isolation (conflicts and merges within a group included).
+/// Clients wait a random while between their read and their commit, so that many
+/// commits of a shared-block fragment land after another fragment's commit that
+/// followed their snapshot (the test checks it happened): a commit that merged onto
+/// its own snapshot, or onto anything but the newest contents, loses that increment.
 #[tokio::test]
 async fn concurrent_increments_in_groups_lose_nothing() {
+    const COUNTERS: usize = 8;
     for isolation in [Isolation::StrictSerializable, Isolation::Snapshot] {
         let memory = Arc::new(MemoryDevice::new(layout::LOG_REGION_BYTES + (1 << 20)));
         let device = Arc::new(Crashing {
@@ -210,30 +215,32 @@ async fn concurrent_increments_in_groups_lose_nothing() {
             rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(0)),
         });
         let volume = TxVolume::open(device, isolation).await.unwrap();
-        let committed = std::cell::Cell::new(0u64);
         let conflicts = std::cell::Cell::new(0u64);
+        // Per counter, the (start, commit) versions of its committed increments.
+        let committed = std::cell::RefCell::new(vec![Vec::new(); COUNTERS]);
         // Counter c: fragment c of block 0 (c < 4), or block c.
+        let place = |c: usize| if c < 4 { (0, c * 16) } else { (c as u64, 0) };
         let client = |seed: u64| {
             let (volume, committed, conflicts) = (&volume, &committed, &conflicts);
             async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
                 let mut done = 0;
                 while done < 40 {
-                    let counter: usize = rng.gen_range(0..8);
-                    let (block, at) = if counter < 4 {
-                        (0, counter * 16)
-                    } else {
-                        (counter as u64, 0)
-                    };
+                    let counter: usize = rng.gen_range(0..COUNTERS);
+                    let (block, at) = place(counter);
                     let mut t = volume.begin().unwrap();
+                    let start = t.start_version();
                     let mut data = t.read(block).await.unwrap().to_vec();
+                    for _ in 0..rng.gen_range(0..4) {
+                        tokio::task::yield_now().await;
+                    }
                     let n = u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
                     data[at..at + 8].copy_from_slice(&(n + 1).to_le_bytes());
                     t.write(block, Bytes::from(data)).unwrap();
                     t.mark_accessed(block, at, 8).unwrap();
                     match t.commit().await.unwrap() {
-                        Outcome::Committed { .. } => {
-                            committed.set(committed.get() + 1);
+                        Outcome::Committed { version } => {
+                            committed.borrow_mut()[counter].push((start, version));
                             done += 1;
                         }
                         Outcome::Conflict => conflicts.set(conflicts.get() + 1),
@@ -242,19 +249,35 @@ async fn concurrent_increments_in_groups_lose_nothing() {
             }
         };
         futures::future::join_all((0..6).map(client)).await;
+        let committed = committed.into_inner();
         let mut t = volume.begin().unwrap();
-        let mut sum = 0;
-        let shared = t.read(0).await.unwrap();
-        for c in 0..8usize {
-            let (data, at) = if c < 4 {
-                (shared.clone(), c * 16)
-            } else {
-                (t.read(c as u64).await.unwrap(), 0)
-            };
-            sum += u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
+        for (c, increments) in committed.iter().enumerate() {
+            let (block, at) = place(c);
+            let data = t.read(block).await.unwrap();
+            let n = u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
+            assert_eq!(
+                n,
+                increments.len() as u64,
+                "{isolation:?}: counter {c} lost increments"
+            );
         }
-        assert_eq!(sum, committed.get(), "{isolation:?}: increments lost");
-        assert_eq!(sum, 240);
+        assert_eq!(committed.iter().map(Vec::len).sum::<usize>(), 240);
+        // Commits of a shared-block counter with another fragment's commit after their
+        // start and before them: the merges a stale base would get wrong.
+        let shared: Vec<(usize, u64, u64)> = (0..4)
+            .flat_map(|c| committed[c].iter().map(move |(s, v)| (c, *s, *v)))
+            .collect();
+        let merged_past_snapshot = shared
+            .iter()
+            .filter(|(c, start, version)| {
+                let between = |(o, _, v): &&(usize, u64, u64)| o != c && v > start && v < version;
+                shared.iter().any(|o| between(&o))
+            })
+            .count();
+        assert!(
+            merged_past_snapshot > 20,
+            "{isolation:?}: only {merged_past_snapshot} commits merged past their snapshot"
+        );
         assert!(
             conflicts.get() > 0,
             "{isolation:?}: the clients never raced"

@@ -1,11 +1,13 @@
 //! `floe kv bench`: transactions per second on a volume, by clients of this process
-//! each adding one to two random keys per transaction, through Isotope (SS or SI) or
-//! through the lock-and-log baseline ([`locked`]). Keys are made through Isotope
-//! either way.
+//! each adding one to two random keys per transaction (uniform or Zipf, [`keys`]),
+//! through Isotope (SS or SI) or through the lock-and-log baseline ([`locked`]), and
+//! the share of transactions that aborted on a conflict. Keys are made through
+//! Isotope either way.
 
+mod keys;
 mod locked;
 
-use crate::bank::{next, seed_now};
+use crate::bank::seed_now;
 use crate::kv::retried;
 use floe_isotope::kv::Kv;
 use floe_isotope::{Isolation, Outcome, TxVolume};
@@ -25,10 +27,13 @@ struct Measured {
     isolation: Option<String>,
     clients: u32,
     keys: u32,
+    zipf_skew: f64,
     seconds: f64,
     committed: u64,
     conflicts: u64,
     transactions_per_second: f64,
+    /// Conflicts over transactions tried (the baseline waits instead: 0).
+    abort_rate: f64,
 }
 
 fn key(k: u64) -> String {
@@ -40,6 +45,8 @@ pub struct Options {
     pub isolation: Isolation,
     pub clients: u32,
     pub keys: u32,
+    /// Zipf exponent of the key choice; 0 is uniform.
+    pub skew: f64,
     pub duration: Duration,
 }
 
@@ -56,10 +63,8 @@ pub async fn run(volume: &TxVolume, name: &str, options: Options) -> Result<(), 
         })
         .await?;
     }
-    let pick = |rng: &mut u64| {
-        let a = next(rng) % keys as u64;
-        (a, (a + 1 + next(rng) % (keys as u64 - 1)) % keys as u64)
-    };
+    let picker = keys::Picker::new(keys, options.skew);
+    let pick = |rng: &mut u64| picker.pair(rng);
     let (committed, conflicts, seconds) = match options.engine {
         Engine::Isotope => {
             let isolation = options.isolation;
@@ -109,10 +114,12 @@ pub async fn run(volume: &TxVolume, name: &str, options: Options) -> Result<(), 
         isolation: (options.engine == Engine::Isotope).then(|| format!("{:?}", options.isolation)),
         clients: options.clients,
         keys,
+        zipf_skew: options.skew,
         seconds,
         committed,
         conflicts,
         transactions_per_second: committed as f64 / seconds,
+        abort_rate: conflicts as f64 / (committed + conflicts).max(1) as f64,
     })
 }
 
