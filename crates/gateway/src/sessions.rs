@@ -46,7 +46,7 @@ pub(crate) async fn follow(volumes: Arc<Volumes>, me: Identity) {
     let mut moving = JoinSet::new();
     // Volumes taken and held open for their clients, by name: a move away ends the
     // hold, or the stack would outlive the release.
-    let mut holding = BTreeMap::new();
+    let mut holding: BTreeMap<String, tokio::task::AbortHandle> = BTreeMap::new();
     let mut failing = false;
     loop {
         while moving.try_join_next().is_some() {}
