@@ -9,6 +9,7 @@
 //! - taking a volume, it opens it at once (waiting for the release) and holds it
 //!   open for [`HOLD`] while the clients reconnect; after that the volume closes
 //!   with its last connection, as any other.
+//!
 //! Meanwhile the master refuses the volume to every other gateway, naming the target.
 
 use crate::Volumes;

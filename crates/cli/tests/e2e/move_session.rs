@@ -179,3 +179,55 @@ fn a_session_moves_between_gateways_under_a_reconnecting_writer() {
     assert!(log.contains("took the moved session"), "{log}");
     assert_eq!(west.0.try_wait().unwrap(), None, "west is still running");
 }
+
+/// qemu-io, unmodified, on one URI with the nbd driver's `reconnect-delay`: its
+/// session moves away to another gateway and back while it writes and reads back
+/// patterns. While the volume is away, its reconnects to the same address are
+/// refused (as a VM's are until the service address moves) and its requests wait;
+/// once back, they go on. Not one request fails.
+#[test]
+fn qemu_rides_through_moves_with_reconnect_delay() {
+    const ROUNDS: usize = 300;
+    let dir = TestDir::new();
+    let cluster = Cluster::start(dir.path());
+    let work = TestDir::new();
+    let (_east, east_uri) = gateway(&cluster, work.path(), "east");
+    let (_west, _) = gateway(&cluster, work.path(), "west");
+    let port = east_uri
+        .trim_start_matches("nbd://127.0.0.1:")
+        .trim_end_matches("/demo");
+    let options = format!(
+        "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={port},export=demo,reconnect-delay=60"
+    );
+    let commands: String = (0..ROUNDS)
+        .map(|i| {
+            let (pattern, at) = (i % 250 + 1, (i % 64) * 65536);
+            format!("write -P {pattern} {at} 64k\nread -P {pattern} {at} 64k\nsleep 50\n")
+        })
+        .collect();
+    let script = work.path().join("qemu-io.commands");
+    std::fs::write(&script, commands + "quit\n").unwrap();
+    let qemu_io = Command::new("qemu-io")
+        .args(["--image-opts", &options])
+        .stdin(std::fs::File::open(&script).unwrap())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("east holds the volume", START_LIMIT, || {
+        holder(&cluster).as_deref() == Some("east")
+    });
+    for _ in 0..2 {
+        move_to(&cluster, "west");
+        std::thread::sleep(Duration::from_millis(1500));
+        move_to(&cluster, "east");
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    let out = qemu_io.wait_with_output().unwrap();
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(!said.contains("failed") && !said.contains("rror"), "{said}");
+    assert_eq!(said.matches("read 65536/65536").count(), ROUNDS, "{said}");
+    let log = std::fs::read_to_string(work.path().join("east.log")).unwrap();
+    assert_eq!(log.matches("session handed over").count(), 2, "{log}");
+}
