@@ -118,6 +118,23 @@ pub(crate) type Failure = (Status, String);
 const WATCH_WAIT_MAX: Duration = Duration::from_secs(3);
 pub(crate) type Reply = Result<MasterResponse, Failure>;
 
+/// A long-poll: `poll` returns the value now and whether it is news to the asker;
+/// the value is answered once it is, or once `wait` is over. `changed` wakes it.
+pub(crate) async fn long_poll<T>(
+    changed: &tokio::sync::Notify,
+    wait: Duration,
+    mut poll: impl FnMut() -> Result<(T, bool), Failure>,
+) -> Result<T, Failure> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let notified = changed.notified();
+        let (now, news) = poll()?;
+        if news || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return Ok(now);
+        }
+    }
+}
+
 impl Master {
     /// Loads the cluster state from the metadata store; calls to chunk servers go
     /// through `peers`.

@@ -198,20 +198,18 @@ impl Master {
         wait: Duration,
     ) -> Reply {
         let [name, address, holder] = gateway;
-        let deadline = Instant::now() + wait;
-        loop {
-            let changed = self.sessions_changed.notified();
-            let moves = {
-                let state = self.state();
-                let mut sessions = self.sessions.lock().unwrap();
-                sessions.seen(&name, &address, &holder)?;
-                sessions.prune(&state);
-                sessions.moves_of(&name)
-            };
-            if moves != known || tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return Ok(MasterResponse::Moves { moves });
-            }
-        }
+        let moves = crate::long_poll(&self.sessions_changed, wait, || {
+            let state = self.state();
+            let mut sessions = self.sessions.lock().unwrap();
+            sessions.seen(&name, &address, &holder)?;
+            sessions.prune(&state);
+            let moves = sessions.moves_of(&name);
+            let news = moves != known;
+            Ok((moves, news))
+        });
+        Ok(MasterResponse::Moves {
+            moves: moves.await?,
+        })
     }
 
     /// `floe volume move-session NAME --to TO`: records the move; the gateways'
@@ -300,22 +298,16 @@ impl Master {
         known: Option<SessionInfo>,
         wait: Duration,
     ) -> Reply {
-        let deadline = Instant::now() + wait;
-        loop {
-            let changed = self.sessions_changed.notified();
-            let now = {
-                let state = self.state();
-                let volume = state.volume(name)?;
-                let mut sessions = self.sessions.lock().unwrap();
-                sessions.prune(&state);
-                sessions.info(&state, name, volume.id)
-            };
-            if Some(&now) != known.as_ref()
-                || tokio::time::timeout_at(deadline, changed).await.is_err()
-            {
-                return Ok(MasterResponse::Session(now));
-            }
-        }
+        let session = crate::long_poll(&self.sessions_changed, wait, || {
+            let state = self.state();
+            let volume = state.volume(name)?;
+            let mut sessions = self.sessions.lock().unwrap();
+            sessions.prune(&state);
+            let now = sessions.info(&state, name, volume.id);
+            let news = Some(&now) != known.as_ref();
+            Ok((now, news))
+        });
+        Ok(MasterResponse::Session(session.await?))
     }
 
     /// The gateways, for `floe status`.
