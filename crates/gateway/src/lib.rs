@@ -19,7 +19,6 @@ mod volumes;
 pub use access::AccessList;
 use export_name::ExportName;
 pub use floe_nbd::{Parked, PskKeys, Stop};
-pub use sessions::HOLD;
 pub use volumes::Volumes;
 
 use async_trait::async_trait;

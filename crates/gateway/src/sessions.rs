@@ -24,7 +24,7 @@ use tokio::time::Instant;
 /// How long one poll waits at the master for a move (it caps it at 3 s).
 const POLL_WAIT: Duration = Duration::from_secs(3);
 /// A target holds a moved volume open this long for its clients to reconnect.
-pub const HOLD: Duration = Duration::from_secs(30);
+const HOLD: Duration = Duration::from_secs(30);
 /// How long a target keeps trying to open a moved volume (the holder drains first).
 const TAKE_FOR: Duration = Duration::from_secs(30);
 /// How long a moving export waits for its connections to answer what they read
