@@ -71,8 +71,24 @@ fn refused(out: &Output, why: &str) {
     assert!(stderr.contains(why), "expected {why:?}: {stderr}");
 }
 
-fn move_to(cluster: &Cluster, to: &str) -> serde_json::Value {
-    let moved = cluster.floe_json(&["volume", "move-session", "demo", "--to", to]);
+/// Moves the demo volume's session to gateway `to`; on a failure, the panic shows
+/// the gateways' last log lines (their directory may be gone by the time one looks).
+fn move_to(cluster: &Cluster, dir: &Path, to: &str) -> serde_json::Value {
+    let args = ["volume", "move-session", "demo", "--to", to, "--json"];
+    let out = floe_output(cluster, &args);
+    if !out.status.success() {
+        let mut logs = String::new();
+        for log in ["east", "west"] {
+            let text = std::fs::read_to_string(dir.join(format!("{log}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            logs += &format!(
+                "--- {log}\n{}\n",
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            );
+        }
+        panic!("moving to {to} failed: {}\n{logs}", text(&out));
+    }
+    let moved: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(moved["to"], to, "{moved}");
     moved
 }
@@ -132,7 +148,7 @@ fn a_session_moves_between_gateways_under_a_reconnecting_writer() {
             0 => ("east", "west", &east_uri),
             _ => ("west", "east", &west_uri),
         };
-        let moved = move_to(&cluster, to);
+        let moved = move_to(&cluster, work.path(), to);
         assert_eq!(moved["from"], from, "{moved}");
         moved_ms.push(moved["moved_ms"].as_u64().unwrap());
         assert_eq!(holder(&cluster).as_deref(), Some(to));
@@ -151,7 +167,7 @@ fn a_session_moves_between_gateways_under_a_reconnecting_writer() {
         }
     }
     // Moving to the gateway that holds it already changes nothing.
-    let again = move_to(&cluster, "east");
+    let again = move_to(&cluster, work.path(), "east");
     assert_eq!(again["from"], "east", "{again}");
 
     // The holder dies: once its lease runs out, the other serves the volume again.
@@ -265,7 +281,7 @@ fn qemu_rides_through_moves_with_reconnect_delay() {
             _ => ("east", &east_uri),
         };
         service.point_at(port_of(uri));
-        move_to(&cluster, to);
+        move_to(&cluster, work.path(), to);
         std::thread::sleep(Duration::from_millis(1000));
     }
     let out = qemu_io.wait_with_output().unwrap();
