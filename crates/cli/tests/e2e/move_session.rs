@@ -289,9 +289,15 @@ fn qemu_rides_through_moves_with_reconnect_delay() {
     assert!(out.status.success(), "{said}");
     assert!(!said.contains("failed") && !said.contains("rror"), "{said}");
     assert_eq!(said.matches("read 65536/65536").count(), ROUNDS, "{said}");
-    for name in ["east", "west"] {
-        let log = std::fs::read_to_string(work.path().join(format!("{name}.log"))).unwrap();
-        let handed = log.matches("session handed over").count();
-        assert_eq!(handed, MOVES / 2, "{name}:\n{log}");
-    }
+    // Each move's target took the volume (a holder whose client had just left has
+    // nothing to hand over: its stack closed and released the lease by itself).
+    let logs: Vec<String> = ["east", "west"]
+        .iter()
+        .map(|name| std::fs::read_to_string(work.path().join(format!("{name}.log"))).unwrap())
+        .collect();
+    let taken: usize = logs
+        .iter()
+        .map(|log| log.matches("took the moved session").count())
+        .sum();
+    assert_eq!(taken, MOVES, "{logs:?}");
 }
