@@ -180,6 +180,21 @@ pub async fn info(master: &MasterClient, name: &str, format: Format) -> Result<(
     if let Some(parent) = &v.parent {
         println!("clone of:      {}@{}", parent.volume, parent.snapshot);
     }
+    let session = crate::sessions::served_by(master, name).await?;
+    match (&session.gateway, &session.holder) {
+        (Some(gateway), _) => println!(
+            "served by:     gateway {gateway} (lease generation {})",
+            session.generation
+        ),
+        (None, Some(holder)) => println!(
+            "held by:       {holder} (lease generation {})",
+            session.generation
+        ),
+        (None, None) => println!("served by:     nobody (no lease)"),
+    }
+    if let Some(m) = &session.moving {
+        println!("moving:        from gateway {} to gateway {}", m.from, m.to);
+    }
     let names: Vec<&str> = v.snapshots.iter().map(|s| s.name.as_str()).collect();
     println!(
         "snapshots:     {} ({} delta chunks){}",
@@ -446,6 +461,7 @@ pub async fn status(master: &MasterClient, format: Format) -> Result<(), String>
     if let Some(error) = &m.last_error {
         println!("  last move failed: {error}");
     }
+    crate::sessions::print_gateways(&status);
     print_integrity(&status);
     print_reclaim(&status);
     Ok(())

@@ -11,6 +11,7 @@ mod kv_bench;
 mod metrics;
 mod placement;
 mod progress;
+mod sessions;
 mod size;
 mod snapshot;
 mod top;
@@ -165,6 +166,11 @@ enum Command {
         /// Address to serve NBD clients on.
         #[arg(long, default_value = "127.0.0.1:10809")]
         listen: String,
+        /// This gateway's name at the master, unique in the cluster (`floe volume
+        /// move-session VOLUME --to NAME`). Default: HOST:PORT, this host's name and
+        /// the --listen port.
+        #[arg(long)]
+        name: Option<String>,
         /// Export volumes read-only: no lease is taken, so another gateway may write.
         #[arg(long)]
         read_only: bool,
@@ -413,6 +419,22 @@ enum VolumeCommand {
         /// VOLUME@SNAPSHOT to roll back to.
         target: String,
     },
+    /// Move the volume's session to gateway GATEWAY: the gateway holding it answers
+    /// what its clients sent, flushes, releases the lease and closes their NBD
+    /// connections; GATEWAY takes the lease and serves the clients as they reconnect
+    /// (QEMU: `reconnect-delay`, to an address that moves with the session).
+    MoveSession {
+        /// The volume.
+        name: String,
+        /// The gateway to serve it (its --name; `floe status` lists the gateways).
+        #[arg(long)]
+        to: String,
+        /// How long to wait for GATEWAY to hold the volume.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        #[command(flatten)]
+        format: views::Format,
+    },
     /// The ranges that changed from snapshot VOLUME@SNAPSHOT to a later one, or to
     /// the volume now (4 KiB blocks; a chunk allocated since counts whole).
     Diff {
@@ -514,6 +536,15 @@ fn refuse_plain_beyond_loopback(listen: &str, allowed: bool) -> Result<(), Strin
         "refusing to serve {listen} without TLS: anyone who reaches it could read and write \
          every volume; give --ca and --cert (see `floe cert`), or --insecure"
     ))
+}
+
+/// A gateway's name unless given: this host's name and the port it serves.
+fn default_gateway_name(listen: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    let port = listen.rsplit(':').next().unwrap_or(listen);
+    format!("{host}:{port}")
 }
 
 /// SIGTERM or SIGINT: lets the gateway answer requests in flight before it exits.
@@ -704,6 +735,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
         Command::Gateway {
             admin: None,
             listen,
+            name,
             read_only,
             unretired_limit,
             staleness,
@@ -729,6 +761,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 None => (bind(&listen).await?, Vec::new()),
             };
             let options = floe_gateway::Options {
+                name: name.unwrap_or_else(|| default_gateway_name(&listen)),
                 read_only,
                 unretired_limit,
                 staleness,
@@ -803,6 +836,12 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 snapshot::flatten(&cli.master, &name, rate).await
             }
             VolumeCommand::Rollback { target } => snapshot::rollback(&cli.master, &target).await,
+            VolumeCommand::MoveSession {
+                name,
+                to,
+                timeout,
+                format,
+            } => sessions::move_session(&master, &name, &to, timeout, format).await,
             VolumeCommand::Diff { since, until, json } => {
                 snapshot::diff(&cli.master, &since, until.as_deref(), json).await
             }

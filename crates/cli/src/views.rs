@@ -4,8 +4,8 @@
 //! bytes, rates per second, times Unix milliseconds or seconds as named.
 
 use floe_protocol::{
-    ChunkId, ClusterMapInfo, ClusterStatus, FsUsage, JournalUsage, RebalanceStatus, ReclaimStatus,
-    RecoveryStatus, ScrubReport, ScrubStatus, ServerInfo, Volume, VolumeMap,
+    ChunkId, ClusterMapInfo, ClusterStatus, FsUsage, GatewayInfo, JournalUsage, RebalanceStatus,
+    ReclaimStatus, RecoveryStatus, ScrubReport, ScrubStatus, ServerInfo, Volume, VolumeMap,
 };
 use serde::Serialize;
 
@@ -218,6 +218,8 @@ pub struct StatusView<'a> {
     pub rebalance: &'a RebalanceStatus,
     pub scrub: &'a ScrubStatus,
     pub reclaim: &'a ReclaimStatus,
+    /// `name`, `address`, `holder`, `seen_ms_ago`, `volumes` (whose lease it holds).
+    pub gateways: &'a [GatewayInfo],
 }
 
 impl<'a> StatusView<'a> {
@@ -256,6 +258,7 @@ impl<'a> StatusView<'a> {
             rebalance: &status.rebalance,
             scrub: &status.scrub,
             reclaim: &status.reclaim,
+            gateways: &status.gateways,
         }
     }
 }

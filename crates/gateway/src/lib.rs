@@ -6,11 +6,13 @@
 //! (and must, unless on loopback or plain NBD is allowed), and an access list says
 //! who opens what. [`Volumes`] opens and shares the stacks; the NFS front end
 //! (`floe-nfs`) opens volumes through it too. A gateway upgrades in place without
-//! dropping its clients (`upgrade`).
+//! dropping its clients (`upgrade`), and hands a volume's session to another
+//! gateway, or takes one, when the master says so (`sessions`).
 
 mod access;
 mod export_name;
 pub mod measured;
+mod sessions;
 pub mod upgrade;
 mod volumes;
 
@@ -22,13 +24,13 @@ pub use volumes::Volumes;
 use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use floe_client::master::MasterClient;
-use floe_nbd::{Client, Exports, Refusal, Security};
+use floe_nbd::{Client, Closing, Exports, Refusal, Security};
 use floe_protocol::tls::Identity;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
 struct VolumeExports {
-    volumes: Volumes,
+    volumes: Arc<Volumes>,
     /// Who may open what; `None`: anyone the transport lets in, writable.
     access: Option<AccessList>,
 }
@@ -87,6 +89,10 @@ impl Exports for VolumeExports {
         let writable = self.grant(&ExportName::parse(name)?, client)?;
         Ok(self.volumes.open(name, writable).await?)
     }
+
+    fn closing(&self) -> Closing {
+        self.volumes.closing.clone()
+    }
 }
 
 /// The meta context naming what changed since a snapshot (like QEMU's
@@ -95,6 +101,8 @@ const CHANGED_SINCE: &str = "floe:changed-since:";
 
 /// How a gateway serves its volumes.
 pub struct Options {
+    /// This gateway's name at the master (`floe volume move-session --to NAME`).
+    pub name: String,
     /// Export volumes read-only: no leases.
     pub read_only: bool,
     /// Bytes of writes acknowledged early (flush-epoch, log-commit) a volume may hold
@@ -128,6 +136,7 @@ pub async fn run<F>(
     F: std::future::Future<Output = Stop>,
 {
     let Options {
+        name,
         read_only,
         unretired_limit,
         staleness,
@@ -139,13 +148,15 @@ pub async fn run<F>(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
+    let holder = format!("gateway {name} ({address}, pid {})", std::process::id());
+    let volumes = Arc::new(Volumes::new(
+        Arc::new(MasterClient::new(master)),
+        (!read_only).then(|| holder.clone()),
+        unretired_limit,
+        staleness,
+    ));
     let exports = Arc::new(VolumeExports {
-        volumes: Volumes::new(
-            Arc::new(MasterClient::new(master)),
-            (!read_only).then(|| format!("gateway {address} (pid {})", std::process::id())),
-            unretired_limit,
-            staleness,
-        ),
+        volumes: volumes.clone(),
         access,
     });
     let security = Security {
@@ -154,8 +165,17 @@ pub async fn run<F>(
         allow_plain,
     };
     let (tls, psk) = (security.tls.is_some(), security.psk.is_some());
-    tracing::info!(%address, master, read_only, ?staleness, tls, psk, allow_plain, "gateway serving NBD");
+    tracing::info!(%name, %address, master, read_only, ?staleness, tls, psk, allow_plain, "gateway serving NBD");
     loop {
+        // A read-only gateway holds no leases: no session moves to or from it.
+        let sessions = (!read_only).then(|| {
+            let me = sessions::Identity {
+                name: name.clone(),
+                address: address.clone(),
+                holder: holder.clone(),
+            };
+            tokio::spawn(sessions::follow(volumes.clone(), me))
+        });
         let served = floe_nbd::serve(
             listener,
             exports.clone(),
@@ -163,7 +183,12 @@ pub async fn run<F>(
             std::mem::take(&mut resumed),
             stop(),
         );
-        let Some(handover) = served.await else { break };
+        let served = served.await;
+        // Moves under way are abandoned: the next image polls again.
+        if let Some(task) = sessions {
+            task.abort();
+        }
+        let Some(handover) = served else { break };
         // The next image opens the volumes again: each must be closed first, its
         // acknowledged writes retired and its lease released.
         exports.volumes.all_closed().await;

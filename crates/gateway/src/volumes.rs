@@ -23,6 +23,8 @@ pub struct Volumes {
     /// Open exports (name, writable); held weakly so a volume closes (and its lease
     /// is released) with its last user.
     open: Mutex<BTreeMap<(String, bool), Weak<dyn BlockDevice>>>,
+    /// Exports whose NBD connections are being closed (their volume moves away).
+    pub(crate) closing: floe_nbd::Closing,
 }
 
 impl Volumes {
@@ -40,6 +42,7 @@ impl Volumes {
             unretired_limit,
             staleness,
             open: Mutex::default(),
+            closing: floe_nbd::Closing::default(),
         }
     }
 
@@ -102,6 +105,15 @@ impl Volumes {
         open.retain(|_, d| d.strong_count() > 0);
         open.insert(key, Arc::downgrade(&device));
         Ok(device)
+    }
+
+    /// Takes writable export `name` out of the shared ones, if it is open: the next
+    /// open of it builds a new stack (and takes a new lease), while the caller closes
+    /// this one.
+    pub(crate) async fn take(&self, name: &str) -> Option<Arc<dyn BlockDevice>> {
+        let mut open = self.open.lock().await;
+        open.remove(&(name.to_string(), true))
+            .and_then(|device| device.upgrade())
     }
 
     /// Waits until no export is open: each one's last user is gone, and the requests

@@ -14,7 +14,12 @@ pub(crate) fn permits(role: Role, request: &Request) -> Result<(), String> {
         return Ok(());
     };
     let allowed: &[Role] = match request {
-        R::ListVolumes | R::GetVolumeMap { .. } | R::GetClusterMap | R::Status => &Role::CLUSTER,
+        R::ListVolumes
+        | R::GetVolumeMap { .. }
+        | R::GetClusterMap
+        | R::Status
+        | R::WatchSession { .. } => &Role::CLUSTER,
+        R::GatewayPoll { .. } => &[Gateway],
         R::Register(_) | R::Heartbeat { .. } => &[Chunkserver],
         R::AcquireLease { .. }
         | R::RenewLease { .. }
@@ -37,7 +42,8 @@ pub(crate) fn permits(role: Role, request: &Request) -> Result<(), String> {
         | R::CreateSnapshot { .. }
         | R::DeleteSnapshot { .. }
         | R::CloneVolume { .. }
-        | R::FlattenVolume { .. } => &[Admin],
+        | R::FlattenVolume { .. }
+        | R::MoveSession { .. } => &[Admin],
     };
     if allowed.contains(&role) {
         return Ok(());

@@ -161,6 +161,8 @@ impl Master {
             if let Some(again) = state.granted_before(name, &holder, attempt) {
                 return again;
             }
+            // A volume moving to another gateway is that gateway's alone.
+            self.sessions.lock().unwrap().admit(&state, name, &holder)?;
             let (volume, lease) = state.grant_lease(name, holder, attempt)?;
             state.lease_in_flight = Some(volume.id);
             // A holder that never released may have died mid-change.
@@ -188,6 +190,11 @@ impl Master {
         );
         state.last_lease = generation as u64;
         tracing::info!(volume = %name, generation, holder = %lease.holder, "lease granted");
+        self.sessions
+            .lock()
+            .unwrap()
+            .granted(volume.id, &lease.holder, generation);
+        self.sessions_changed.notify_waiters();
         if unreleased {
             state.audits.insert(volume.id, generation - 1);
         }
@@ -229,6 +236,7 @@ impl Master {
                 // writers); only the term ends.
                 lease.expires = None;
                 tracing::info!(volume = %name, generation, "lease released");
+                self.sessions_changed.notify_waiters();
             }
         }
         Ok(MasterResponse::Done)

@@ -15,6 +15,7 @@
 //! - [`recovery`]: view changes that repair and move chunks, and scrub.
 //! - [`exported`]: the metrics the master exports at `/metrics`.
 //! - [`standby`]: several masters on one etcd store: one leads, the others stand by.
+//! - [`sessions`]: gateways by name, and volume sessions moving between them.
 //!
 //! [`state`] holds what the master knows and its keys in the metadata store (embedded
 //! redb or etcd). Every change is decided from the in-memory state, stored, and only
@@ -31,6 +32,7 @@ mod membership;
 pub mod qos;
 pub mod reclaim;
 pub mod recovery;
+mod sessions;
 mod snapshots;
 mod standby;
 mod state;
@@ -39,6 +41,7 @@ mod volumes;
 
 pub use lease::{LEASE_DRIFT_MARGIN, LEASE_TERM};
 pub use membership::HEARTBEAT_TIMEOUT;
+pub use sessions::GATEWAY_GONE;
 
 use floe_metadata::{MetaError, MetaStore, Op};
 use floe_protocol::server::{self, Handler};
@@ -103,6 +106,10 @@ pub struct Master {
     snapshot_confirmed: tokio::sync::Notify,
     /// A snapshot was created or deleted.
     snapshots_changed: tokio::sync::Notify,
+    /// Gateways and session moves (in memory only; lock after `state`).
+    sessions: Mutex<sessions::Sessions>,
+    /// A session moved, or a lease was taken or released.
+    sessions_changed: tokio::sync::Notify,
 }
 
 pub(crate) type Failure = (Status, String);
@@ -110,6 +117,23 @@ pub(crate) type Failure = (Status, String);
 /// The longest a long-poll waits: below a client's deadline for a master call.
 const WATCH_WAIT_MAX: Duration = Duration::from_secs(3);
 pub(crate) type Reply = Result<MasterResponse, Failure>;
+
+/// A long-poll: `poll` returns the value now and whether it is news to the asker;
+/// the value is answered once it is, or once `wait` is over. `changed` wakes it.
+pub(crate) async fn long_poll<T>(
+    changed: &tokio::sync::Notify,
+    wait: Duration,
+    mut poll: impl FnMut() -> Result<(T, bool), Failure>,
+) -> Result<T, Failure> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let notified = changed.notified();
+        let (now, news) = poll()?;
+        if news || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return Ok(now);
+        }
+    }
+}
 
 impl Master {
     /// Loads the cluster state from the metadata store; calls to chunk servers go
@@ -132,6 +156,8 @@ impl Master {
             reclaim: reclaim::Reclaim::new(settings.reclaim),
             snapshot_confirmed: tokio::sync::Notify::new(),
             snapshots_changed: tokio::sync::Notify::new(),
+            sessions: Mutex::default(),
+            sessions_changed: tokio::sync::Notify::new(),
         };
         // Chunks allocated before the cluster map existed belong to its first layer.
         if has_chunks {
@@ -264,6 +290,26 @@ impl Master {
                 generation,
                 epoch,
             } => self.confirm_snapshot_epoch(&name, generation, epoch).await,
+            R::GatewayPoll {
+                name,
+                address,
+                holder,
+                known,
+                wait_ms,
+            } => {
+                let wait = Duration::from_millis(wait_ms).min(WATCH_WAIT_MAX);
+                self.gateway_poll([name, address, holder], known, wait)
+                    .await
+            }
+            R::MoveSession { name, to } => self.move_session(&name, &to),
+            R::WatchSession {
+                name,
+                known,
+                wait_ms,
+            } => {
+                let wait = Duration::from_millis(wait_ms).min(WATCH_WAIT_MAX);
+                self.watch_session(&name, known, wait).await
+            }
             R::Scrub { name } => {
                 let report = recovery::scrub(self, &name).await?;
                 self.integrity.record(&report, &name);

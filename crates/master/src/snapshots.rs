@@ -230,24 +230,19 @@ impl Master {
         known: SnapshotEpochs,
         wait: Duration,
     ) -> Reply {
-        let deadline = Instant::now() + wait;
-        loop {
-            let changed = self.snapshots_changed.notified();
-            let now = {
-                let state = self.state();
-                let volume = state.volume(name)?;
-                if !state.holds(volume.id, generation) {
-                    return Err((
-                        Status::Fenced,
-                        format!("the lease of volume {name} (generation {generation}) was lost"),
-                    ));
-                }
-                State::snapshot_epochs(&volume)
-            };
-            if now != known || tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return Ok(MasterResponse::SnapshotEpochs(now));
+        let epochs = crate::long_poll(&self.snapshots_changed, wait, || {
+            let state = self.state();
+            let volume = state.volume(name)?;
+            if !state.holds(volume.id, generation) {
+                return Err((
+                    Status::Fenced,
+                    format!("the lease of volume {name} (generation {generation}) was lost"),
+                ));
             }
-        }
+            let now = State::snapshot_epochs(&volume);
+            Ok((now, now != known))
+        });
+        Ok(MasterResponse::SnapshotEpochs(epochs.await?))
     }
 
     /// The writer of lease `generation` stamps `epoch`: every snapshot up to it is

@@ -15,6 +15,7 @@ impl Master {
             qos: state.qos_status(),
             scrub: self.integrity.status(),
             reclaim: self.reclaim.status(&state),
+            gateways: self.gateways(&state),
         })))
     }
 }

@@ -4,6 +4,7 @@
 //! Modules:
 //! - `server`: the accept loop ([`serve`]), one task per client, graceful shutdown.
 //! - `handover`: parking attached clients for the next process of an upgrade.
+//! - `closing`: closing one export's connections (its volume moved elsewhere).
 //! - `handshake`: fixed newstyle greeting and option haggling (EXPORT_NAME, ABORT,
 //!   LIST, INFO, GO, STRUCTURED_REPLY, LIST/SET_META_CONTEXT for `base:allocation`
 //!   and the contexts [`Exports::meta_context`] offers, STARTTLS).
@@ -16,6 +17,7 @@
 //! - `writer`: the per-connection task batching ready replies into one socket write.
 //! - `input`: buffered socket reads; write payloads are split off without a copy.
 //! - `proto`: wire constants and the limits the server advertises.
+mod closing;
 mod command;
 mod handover;
 mod handshake;
@@ -32,6 +34,7 @@ use async_trait::async_trait;
 use floe_blockdev::BlockDevice;
 use std::sync::Arc;
 
+pub use closing::{Closed, Closing};
 pub use handover::{Handover, Parked, Stop};
 pub use psk::PskKeys;
 pub use security::Security;
@@ -85,5 +88,9 @@ pub trait Exports: Send + Sync + 'static {
     async fn meta_context(&self, export: &str, context: &str) -> Option<Vec<(u64, u64)>> {
         let _ = (export, context);
         None
+    }
+    /// The exports whose connections are to be closed now (none by default).
+    fn closing(&self) -> Closing {
+        Closing::default()
     }
 }

@@ -6,7 +6,7 @@ use crate::handover::{Handover, Parked, Stop};
 use crate::handshake::{Negotiated, Session};
 use crate::input::Input;
 use crate::security::{Security, Transport};
-use crate::{handshake, psk, transmission, Client, Exports};
+use crate::{handshake, psk, transmission, Client, Closing, Exports};
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
@@ -105,6 +105,7 @@ async fn serve_client(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!("cannot set TCP_NODELAY: {e}");
     }
+    let closing = exports.closing();
     let negotiated = tokio::select! {
         negotiated = handshake(stream, exports.as_ref(), transport) => negotiated,
         _ = stop.wait_for(Option::is_some) => return None,
@@ -123,12 +124,12 @@ async fn serve_client(
     match attached {
         Attached::Plain(input, write, session) => {
             tracing::info!(export = %session.name, structured = session.structured, tls = false, "client attached");
-            let (input, write, session) = transmit(input, write, session, stop).await?;
+            let (input, write, session) = transmit(input, write, session, stop, closing).await?;
             park(input, write, &session)
         }
         Attached::Tls(input, write, session) => {
             tracing::info!(export = %session.name, structured = session.structured, tls = true, "client attached");
-            let (_, mut write, _) = transmit(input, write, session, stop).await?;
+            let (_, mut write, _) = transmit(input, write, session, stop, closing).await?;
             tracing::info!("a TLS connection cannot be handed over: disconnecting the client");
             let _ = write.shutdown().await;
             None
@@ -142,12 +143,13 @@ async fn transmit<R, W>(
     write: W,
     session: Session,
     stop: watch::Receiver<Option<Stop>>,
+    closing: Closing,
 ) -> Option<(Input<R>, W, Arc<Session>)>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    match transmission::serve(input, write, session, stop).await {
+    match transmission::serve(input, write, session, stop, closing).await {
         Ok(None) => tracing::debug!("client detached"),
         Ok(Some(parked)) => return Some(parked),
         Err(e) => tracing::warn!("NBD connection dropped: {e}"),
@@ -175,7 +177,8 @@ async fn resume_client(
         }
     };
     tracing::info!(export = %session.name, "client handed over from the previous process");
-    let (input, write, session) = transmit(input, write, session, stop).await?;
+    let closing = exports.closing();
+    let (input, write, session) = transmit(input, write, session, stop, closing).await?;
     park(input, write, &session)
 }
 

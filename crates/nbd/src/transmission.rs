@@ -6,6 +6,7 @@
 //! is written. When the budget is spent the loop stops reading the socket, which is
 //! the back-pressure a slow device or a client that does not read replies gets.
 
+use crate::closing::Closing;
 use crate::command::{Command, Header};
 use crate::handover::Stop;
 use crate::handshake::Session;
@@ -40,12 +41,14 @@ pub(crate) struct Budget {
 /// protocol, or `stop` says so. In-flight requests are answered before the socket is
 /// closed (within `SHUTDOWN_GRACE` once stopping). On [`Stop::Handover`] reading stops
 /// at a request boundary and, every reply sent, the connection's pieces come back
-/// open: `Some`.
+/// open: `Some`. When `closing` names the export, reading stops at a request
+/// boundary too, and the connection closes once every reply is sent.
 pub(crate) async fn serve<R, W>(
     mut input: Input<R>,
     socket: W,
     session: Session,
     mut stop: watch::Receiver<Option<Stop>>,
+    closing: Closing,
 ) -> io::Result<Option<(Input<R>, W, Arc<Session>)>>
 where
     R: AsyncRead + Unpin,
@@ -57,7 +60,7 @@ where
     // Shutting down may interrupt the loop anywhere, even mid-payload: the request
     // being read is dropped, the ones already running still get their replies.
     let read = tokio::select! {
-        read = read_requests(&mut input, session.clone(), &replies, stop.clone()) => read,
+        read = read_requests(&mut input, session.clone(), &replies, stop.clone(), closing) => read,
         _ = stop.wait_for(|stop| *stop == Some(Stop::Shutdown)) => Ok(Ended::Closed),
     };
     drop(replies);
@@ -96,7 +99,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
     session: Arc<Session>,
     replies: &mpsc::Sender<Outgoing>,
     mut stop: watch::Receiver<Option<Stop>>,
+    closing: Closing,
 ) -> io::Result<Ended> {
+    // `closing` stays alive with its receiver: a dropped sender would end the wait.
+    let mut closed = closing.subscribe();
     let requests = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
     loop {
@@ -106,6 +112,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
             // The writer failed (client gone): nobody would see more replies.
             _ = replies.closed() => return Ok(Ended::Closed),
             _ = stop.wait_for(|stop| *stop == Some(Stop::Handover)) => return Ok(Ended::Parked),
+            Ok(_) = closed.wait_for(|closed| closed.contains_key(&session.name)) => {
+                tracing::info!(export = %session.name, "the export is closing here (moved): disconnecting the client once its replies are sent");
+                return Ok(Ended::Closed);
+            }
             header = input.message(Header::LEN) => match header? {
                 Some(header) => Header::parse(header)?,
                 None => {

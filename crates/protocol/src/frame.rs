@@ -46,6 +46,9 @@ pub enum Status {
     NotLeader = 14,
     /// The peer's certificate does not allow the request (its role).
     Forbidden = 15,
+    /// The volume's session was moved to another gateway (named in the message):
+    /// open it there.
+    Moved = 16,
 }
 
 impl Status {
@@ -66,6 +69,7 @@ impl Status {
             13 => Status::Ahead,
             14 => Status::NotLeader,
             15 => Status::Forbidden,
+            16 => Status::Moved,
             _ => Status::Io,
         }
     }

@@ -10,6 +10,7 @@
 //! - [`log_commit`]: the on-disk layout of a log-commit volume (master and gateway
 //!   agree on its size).
 //! - [`snapshot`]: snapshot epochs, delta chunks and snapshot names.
+//! - [`session`]: client sessions moving between gateways.
 //! - [`connection`]: a pipelined client connection: many requests in flight, replies
 //!   matched by request id, outgoing frames batched into few socket writes.
 //! - [`server`]: the accept loop and per-connection serving with the same batching.
@@ -28,6 +29,7 @@ pub mod log_commit;
 pub mod masters;
 pub mod message;
 pub mod server;
+pub mod session;
 pub mod snapshot;
 pub mod tls;
 pub mod transport;
@@ -41,6 +43,7 @@ pub use message::{
     ClusterMapInfo, LayerInfo, MasterRequest, MasterResponse, Proposal, Registration, RepairKind,
     ReplicaRequest, ReplicaResponse, Request, Response,
 };
+pub use session::{GatewayInfo, SessionInfo, SessionMove};
 pub use snapshot::{Snapshot, SnapshotEpochs};
 pub use transport::{ConnectionPool, Transport};
 pub use types::*;

@@ -262,6 +262,28 @@ pub enum MasterRequest {
         name: String,
         generation: u32,
     },
+    /// A gateway names itself (`name`, serving NBD at `address`, taking leases as
+    /// `holder`) and long-polls for the session moves it takes part in: answered
+    /// with [`MasterResponse::Moves`] once they differ from `known`, or after
+    /// `wait_ms`. Its polls are how the master knows it is alive.
+    GatewayPoll {
+        name: String,
+        address: String,
+        holder: String,
+        known: Vec<crate::SessionMove>,
+        wait_ms: u64,
+    },
+    /// Moves volume `name`'s session to gateway `to` (`floe volume move-session`).
+    MoveSession {
+        name: String,
+        to: String,
+    },
+    /// Who serves volume `name`, once it differs from `known`, or after `wait_ms`.
+    WatchSession {
+        name: String,
+        known: Option<crate::SessionInfo>,
+        wait_ms: u64,
+    },
 }
 
 /// The control requests a chunk server serves about its replicas, from the master,
@@ -393,6 +415,10 @@ pub enum MasterResponse {
     Snapshot(crate::Snapshot),
     SnapshotEpochs(crate::SnapshotEpochs),
     ClusterMap(Box<ClusterMapInfo>),
+    Moves {
+        moves: Vec<crate::SessionMove>,
+    },
+    Session(crate::SessionInfo),
 }
 
 /// A chunk server's replies to [`ReplicaRequest`]s.

@@ -538,6 +538,9 @@ pub struct ClusterStatus {
     pub scrub: ScrubStatus,
     #[serde(default)]
     pub reclaim: ReclaimStatus,
+    /// Gateways the master hears from (their polls), and the volumes they hold.
+    #[serde(default)]
+    pub gateways: Vec<crate::GatewayInfo>,
 }
 
 /// The space of deleted snapshots, freed in the background, for `floe status`.

@@ -24,6 +24,7 @@ mod mark_lost;
 mod master_outage;
 mod masters;
 mod metrics;
+mod move_session;
 mod nbd_raw;
 mod netcut;
 mod nfs;

@@ -16,7 +16,7 @@ pub struct Cut {
     table: String,
 }
 
-fn nft(args: &[&str]) {
+pub(crate) fn nft(args: &[&str]) {
     ok(Command::new("nft").args(args));
 }
 

@@ -31,7 +31,7 @@ fn install(path: &Path) {
 }
 
 /// upgrade_client.py writing through `uri` for `seconds`, or until `stop` exists.
-fn writer(uri: &str, seconds: &str, stop: Option<&Path>) -> std::process::Child {
+pub(crate) fn writer(uri: &str, seconds: &str, stop: Option<&Path>) -> std::process::Child {
     // The system Python has the libnbd module.
     Command::new("/usr/bin/python3")
         .arg(CLIENT)
@@ -43,7 +43,7 @@ fn writer(uri: &str, seconds: &str, stop: Option<&Path>) -> std::process::Child 
 }
 
 /// The writer's report, once it ends: it must have seen no error.
-fn report(writer: std::process::Child) -> serde_json::Value {
+pub(crate) fn report(writer: std::process::Child) -> serde_json::Value {
     let out = writer.wait_with_output().unwrap();
     assert!(out.status.success(), "the writer failed: {out:?}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -53,7 +53,7 @@ fn report(writer: std::process::Child) -> serde_json::Value {
 }
 
 /// Reads through `uri` what the writer's ledger says each block holds last.
-fn check_ledger(report: &serde_json::Value, uri: &str) {
+pub(crate) fn check_ledger(report: &serde_json::Value, uri: &str) {
     let ledger = report["ledger"].as_object().unwrap();
     let check: String = ledger
         .iter()
