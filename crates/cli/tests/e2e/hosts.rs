@@ -346,7 +346,8 @@ fn start(hosts: &Hosts, dir: &Path, certs: &Path, processes: &mut Processes) {
             gateway
                 .args(["gateway", "--listen"])
                 .arg(format!("0.0.0.0:{NBD_PORT}"))
-                .args(["--master", &hosts.masters()]);
+                .args(["--master", &hosts.masters()])
+                .args(["--name", &format!("gateway{i}")]);
             processes.spawn(&format!("gateway{i}"), gateway);
         }
     }
