@@ -138,6 +138,10 @@ mod tests {
         index: 1,
     };
 
+    fn slot(position: u64, crc: u32) -> Slot {
+        Slot { position, crc }
+    }
+
     fn key(block: u64) -> BlockKey {
         BlockKey {
             chunk: CHUNK,
@@ -148,51 +152,21 @@ mod tests {
     #[test]
     fn an_overwrite_frees_the_old_position() {
         let mut maps = Maps::new(16);
-        maps.set(
-            key(3),
-            Slot {
-                position: 0,
-                crc: 1,
-            },
-        );
-        maps.set(
-            key(3),
-            Slot {
-                position: 1,
-                crc: 2,
-            },
-        );
+        maps.set(key(3), slot(0, 1));
+        maps.set(key(3), slot(1, 2));
         assert_eq!(maps.at(0), None);
         assert_eq!(maps.at(1), Some((key(3), 2)));
         assert_eq!(maps.live_blocks(), 1);
         // The freed position may be reused once the log wraps.
-        maps.set(
-            key(4),
-            Slot {
-                position: 16,
-                crc: 3,
-            },
-        );
+        maps.set(key(4), slot(16, 3));
         assert_eq!(maps.at(16), Some((key(4), 3)));
     }
 
     #[test]
     fn zeroes_and_deletes_leave_no_inverse_entry() {
         let mut maps = Maps::new(16);
-        maps.set(
-            key(0),
-            Slot {
-                position: 0,
-                crc: 1,
-            },
-        );
-        maps.set(
-            key(1),
-            Slot {
-                position: 1,
-                crc: 1,
-            },
-        );
+        maps.set(key(0), slot(0, 1));
+        maps.set(key(1), slot(1, 1));
         maps.remove(key(0));
         assert_eq!(maps.at(0), None);
         assert!(maps.chunks.contains(&CHUNK));
@@ -206,19 +180,7 @@ mod tests {
     #[should_panic(expected = "overwritten while live")]
     fn writing_over_a_live_position_is_a_bug() {
         let mut maps = Maps::new(4);
-        maps.set(
-            key(0),
-            Slot {
-                position: 0,
-                crc: 1,
-            },
-        );
-        maps.set(
-            key(1),
-            Slot {
-                position: 4,
-                crc: 1,
-            },
-        );
+        maps.set(key(0), slot(0, 1));
+        maps.set(key(1), slot(4, 1));
     }
 }

@@ -312,6 +312,14 @@ impl State {
         )?;
         self.durable_head_segment = self.head_segment;
         self.counters.map_saves.fetch_add(1, Relaxed);
+        // What an operator (and the e2e test) reads to see the cleaner at work.
+        tracing::info!(
+            live_mib = (self.maps.live_blocks() * BLOCK_BYTES) >> 20,
+            free_mib = (self.room() * BLOCK_BYTES) >> 20,
+            gc_moved_blocks = self.counters.gc_moved_blocks.load(Relaxed),
+            gc_freed_segments = self.counters.gc_freed_segments.load(Relaxed),
+            "chain map saved"
+        );
         Ok(())
     }
 
