@@ -2,6 +2,7 @@
 //! and the replay worker; a cache of open chunk files.
 
 use crate::block_sums::ChunkFile;
+use crate::chain::Chain;
 use crate::disk::hdd::Hdd;
 use crate::disk::Disk;
 use crate::journal::Journals;
@@ -28,6 +29,8 @@ pub(crate) struct Files {
     /// The emulated hdd under the chunk files, asked whether it is idle.
     pub(crate) hdd: Option<Arc<Hdd>>,
     pub(crate) journals: Option<Journals>,
+    /// The chained-log engine: chunk data lives there instead of in chunk files.
+    pub(crate) chain: Option<Chain>,
     /// Reads check block checksums (see [`crate::Tuning::check_reads`]).
     pub(crate) check_reads: bool,
     /// Checksum pages the open chunk files keep in memory.
@@ -54,6 +57,7 @@ impl Files {
             metas: Mutex::new(metas),
             hdd,
             journals: None,
+            chain: None,
             check_reads,
             sums_budget: Arc::default(),
             corrupt: Mutex::default(),

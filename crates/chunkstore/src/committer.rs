@@ -317,6 +317,13 @@ impl Committer {
         merge: Merge,
     ) -> Result<(), StoreError> {
         let chunk = header.chunk;
+        // The chain takes the data instead of chunk files.
+        if let Some(chain) = &self.files.chain {
+            for offset in chain.apply(header, data)? {
+                self.files.found_corrupt(chunk, offset, "chain");
+            }
+            return Ok(());
+        }
         match header.kind {
             Kind::Stamp | Kind::Intent => return Ok(()),
             Kind::DeleteVolume => {

@@ -478,6 +478,7 @@ mod tests {
             }],
             local_journal_quota_bytes: 1 << 20,
             emulate_hdd: false,
+            chain: None,
         };
         let store = Store::open_with(data.path(), &options).unwrap();
         assert_eq!(store.meta(chunk), current);

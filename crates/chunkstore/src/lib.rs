@@ -20,6 +20,8 @@
 //! - [`space`]: the file system's free space, reserved by each change before it is
 //!   logged, with a floor kept for deletes and trims; the log and journals are
 //!   allocated in full when opened.
+//! - [`chain`]: the chained-log engine (Gecko): chunk data in one log chained
+//!   across several disks instead of chunk files, chosen by [`Options::chain`].
 //! - [`disk`]: the file system under all of it: [`RealDisk`], the emulated hdd
 //!   ([`disk::hdd`]) and [`SimDisk`], an in-memory disk that loses unsynced writes at
 //!   a simulated power cut.
@@ -43,6 +45,7 @@
 //! first torn or missing one, so an acknowledged write is always whole and an
 //! unacknowledged one is either whole or absent.
 pub mod block_sums;
+mod chain;
 mod chunk_files;
 mod committer;
 pub mod disk;
@@ -61,6 +64,7 @@ mod sums_cache;
 mod unsynced;
 pub mod wal;
 
+pub use chain::{ChainOptions, ChainStats};
 pub use disk::{Disk, DiskFile, RealDisk, SimDisk};
 pub use journal::JournalDir;
 pub use meta::ChunkMeta;

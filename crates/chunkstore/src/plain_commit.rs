@@ -111,6 +111,9 @@ impl Committer {
         // The log is about to forget them: into the chunk files, synced below.
         self.apply_unsynced()?;
         self.sync_dirty()?;
+        if let Some(chain) = &self.files.chain {
+            chain.persist()?;
+        }
         // The log is about to forget the records that carry replication state.
         let metas = self.files.metas.lock().unwrap().clone();
         meta::save(

@@ -2,6 +2,7 @@
 //! hybrid mode ssd journals in front of an hdd's chunk files (see [`crate::journal`]).
 
 use crate::block_sums::BLOCK_BYTES;
+use crate::chain::{Chain, ChainOptions, ChainStats};
 use crate::chunk_files::Files;
 use crate::committer::{Change, Committer, Queue};
 use crate::disk::hdd::{self, Hdd, HddDisk};
@@ -55,6 +56,10 @@ pub struct Options {
     /// Emulate a hard disk's service times on chunk-file access (see
     /// [`crate::disk::hdd`]).
     pub emulate_hdd: bool,
+    /// The chained-log engine: chunk data goes to a log chained across these disks
+    /// (see [`crate::chain`]) instead of chunk files; the write-ahead log stays in
+    /// the data directory. Not with `journal_dirs`.
+    pub chain: Option<ChainOptions>,
 }
 
 /// Knobs a chunk server leaves at their defaults and a simulation sets: it decides
@@ -147,6 +152,14 @@ impl Store {
             tracing::warn!("{BENCH_UNCHECKED_READS} is set: reads skip the block checksums");
         }
         let mut files = Files::new(disk.clone(), dir, metas, hdd, tuning.check_reads);
+        if let Some(chain) = &options.chain {
+            if hybrid {
+                return Err(StoreError::Io(
+                    "the chained-log engine takes no journals: it keeps recent data in its tail cache".into(),
+                ));
+            }
+            files.chain = Some(Chain::open(disk.clone(), chain)?);
+        }
         let queue = Arc::new(Queue::default());
         let wal = dir.join(layout::WAL);
         let committer = if hybrid {
@@ -446,6 +459,9 @@ impl Store {
 
     fn read_into(&self, chunk: ChunkId, offset: u64, out: &mut [u8]) -> Result<(), StoreError> {
         let check = self.files.check_reads;
+        if let Some(chain) = &self.files.chain {
+            return chain.read(chunk, offset, out, check);
+        }
         let (holes, in_flux) = match &self.files.journals {
             Some(journals) => (
                 journals.read(chunk, offset, out, check)?,
@@ -481,6 +497,9 @@ impl Store {
         // drops it from the journal index, so a range replayed meanwhile is in the
         // file's extents taken after. (The other order lost such a range, and a whole
         // copy built from these extents left it out: replicas differed.)
+        if let Some(chain) = &self.files.chain {
+            return Ok(chain.extents(chunk));
+        }
         let journaled = self.files.journals.as_ref().map(|j| j.extents(chunk));
         let mut out = match self.files.get(chunk, false)? {
             Some(file) => file.data.extents()?,
@@ -570,6 +589,9 @@ impl Store {
 
     /// Bytes of chunk data and their checksums on disk (allocated blocks).
     pub fn used_bytes(&self) -> u64 {
+        if let Some(chain) = &self.files.chain {
+            return chain.stats().live_blocks * BLOCK_BYTES;
+        }
         let disk = &self.files.disk;
         self.chunks()
             .into_iter()
@@ -587,6 +609,9 @@ impl Store {
 
     /// Every chunk replica stored here.
     pub fn chunks(&self) -> Vec<ChunkId> {
+        if let Some(chain) = &self.files.chain {
+            return chain.chunks();
+        }
         let disk = &self.files.disk;
         let chunks = layout::chunks_dir(&self.files.dir);
         let mut out = Vec::new();
@@ -602,6 +627,11 @@ impl Store {
         }
         out.sort();
         out
+    }
+
+    /// The chained-log engine's counters; `None` for the files engine.
+    pub fn chain_stats(&self) -> Option<ChainStats> {
+        self.files.chain.as_ref().map(Chain::stats)
     }
 
     /// Hybrid mode with [`Tuning::manual_replay`]: one replay sweep (up to 4 MiB of

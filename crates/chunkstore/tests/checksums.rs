@@ -97,6 +97,7 @@ async fn rotten_journal_data_is_never_read_nor_replayed_as_good() {
         }],
         local_journal_quota_bytes: 4 << 20,
         emulate_hdd: false,
+        chain: None,
     };
     let tuning = Tuning {
         manual_replay: true,

@@ -124,6 +124,7 @@ async fn hybrid_store_with_its_journal_on_the_same_disk() {
         }],
         local_journal_quota_bytes: 4 * MIB,
         emulate_hdd: false,
+        chain: None,
     })
     .await;
 }

@@ -27,6 +27,7 @@ fn options(journals: &[&Path], quota: u64) -> Options {
             .collect(),
         local_journal_quota_bytes: quota,
         emulate_hdd: false,
+        chain: None,
     }
 }
 

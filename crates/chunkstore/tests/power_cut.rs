@@ -22,7 +22,7 @@
 use bytes::Bytes;
 use floe_chunkstore::space::Room;
 use floe_chunkstore::{
-    ChunkMeta, Durability, JournalDir, Options, SimDisk, Store, StoreError, Tuning,
+    ChainOptions, ChunkMeta, Durability, JournalDir, Options, SimDisk, Store, StoreError, Tuning,
 };
 use floe_protocol::ChunkId;
 use proptest::prelude::*;
@@ -56,7 +56,20 @@ const EPOCHS: usize = 3;
 enum Mode {
     Plain,
     Hybrid,
+    /// Plain, with the data in a chained log (the chain engine) of 3 x 3 MiB disks,
+    /// filled past its cleaning mark first so the cleaner runs during every epoch.
+    Chain,
 }
+
+/// Chain mode: a chunk no op touches, written before the first epoch and rewritten
+/// piece by piece during every epoch ([`refill`]); every reopen checks it.
+const FILLER: ChunkId = ChunkId {
+    volume_id: 9,
+    index: 0,
+};
+const FILLER_BYTES: u64 = 2 << 20;
+/// Blocks the chain's cleaner moved, over every case run in chain mode.
+static CHAIN_GC_MOVED_BLOCKS: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -337,7 +350,7 @@ impl Model {
 
 fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
     let journal_dirs = match mode {
-        Mode::Plain => Vec::new(),
+        Mode::Plain | Mode::Chain => Vec::new(),
         Mode::Hybrid => SSDS
             .iter()
             .map(|dir| JournalDir {
@@ -350,6 +363,12 @@ fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
         journal_dirs,
         local_journal_quota_bytes: quota,
         emulate_hdd: false,
+        chain: (mode == Mode::Chain).then(|| ChainOptions {
+            disks: ["/hdd0", "/hdd1", "/hdd2"].map(PathBuf::from).to_vec(),
+            cache_dir: PathBuf::from("/flash"),
+            disk_bytes: 3 << 20,
+            cache_bytes: 0,
+        }),
     };
     let tuning = Tuning {
         manual_replay: true,
@@ -464,7 +483,45 @@ async fn reopen_and_check(sim: &SimDisk, model: &mut Model, quota: u64) -> Resul
         let extents = store.extents(*id).map_err(|e| format!("extents: {e}"))?;
         model.check(chunk, store.meta(*id), &data, &extents)?;
     }
+    if model.mode == Mode::Chain {
+        let data = store
+            .read(FILLER, 0, FILLER_BYTES as u32)
+            .await
+            .map_err(|e| format!("read the filler: {e}"))?;
+        if data
+            .iter()
+            .enumerate()
+            .any(|(at, &b)| b != filler_byte(at as u64))
+        {
+            return Err("the filler chunk changed".into());
+        }
+    }
     Ok(store)
+}
+
+fn filler_byte(at: u64) -> u8 {
+    pattern(u64::MAX, at)
+}
+
+/// Chain mode's filler, written whole, synced.
+async fn fill(store: &Store) {
+    let data: Vec<u8> = (0..FILLER_BYTES).map(filler_byte).collect();
+    store
+        .write(FILLER, 0, Bytes::from(data), ChunkMeta::default())
+        .await
+        .expect("the filler fits");
+}
+
+/// Chain mode, before each batch: one 1 MiB piece of the filler written again
+/// with the bytes it holds (so the check needs no model of it), which moves the
+/// tail on and keeps the cleaner busy between the cuts. A cut may fail it.
+async fn refill(store: &Store, piece: u64) {
+    const PIECE_BYTES: u64 = 1 << 20;
+    let at = piece * PIECE_BYTES % FILLER_BYTES;
+    let data: Vec<u8> = (at..at + PIECE_BYTES).map(filler_byte).collect();
+    let _ = store
+        .write(FILLER, at, Bytes::from(data), ChunkMeta::default())
+        .await;
 }
 
 /// Runs a case; returns the digest of every state it recovered.
@@ -472,6 +529,12 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
     let sim = SimDisk::new();
     let mut model = Model::new(mode);
     let (options, tuning) = options(mode, case.quota);
+    if mode == Mode::Chain {
+        runtime().block_on(async {
+            let store = Store::open_on(sim.mount(), Path::new(DATA), &options, &tuning).unwrap();
+            fill(&store).await;
+        });
+    }
     for epoch in &case.epochs {
         let rt = runtime();
         rt.block_on(async {
@@ -486,7 +549,12 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
             sim.fail_after(epoch.cut_after);
             for step in &epoch.steps {
                 match step {
-                    Step::Batch(ops) => run_batch(&store, &mut model, ops).await?,
+                    Step::Batch(ops) => {
+                        if mode == Mode::Chain {
+                            refill(&store, model.next_id).await;
+                        }
+                        run_batch(&store, &mut model, ops).await?
+                    }
                     Step::Sync => {
                         if store.sync().await.is_ok() {
                             for change in model.chunks.iter_mut().flat_map(|c| &mut c.changes) {
@@ -501,6 +569,9 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
                         }
                     }
                 }
+            }
+            if let Some(stats) = store.chain_stats() {
+                CHAIN_GC_MOVED_BLOCKS.fetch_add(stats.gc_moved_blocks, Ordering::Relaxed);
             }
             Ok::<(), String>(())
         })?;
@@ -565,6 +636,20 @@ fn power_cuts_in_plain_mode() {
     run(Mode::Plain);
 }
 
+/// The chain engine under the same cuts, its cleaner running throughout.
+/// Ignored until a known bug is fixed: some runs end with a store that does not
+/// reopen, "the chain is full: 2 MiB live of 9 MiB", during recovery's replay with
+/// little room (FLOE_POWER_CUT_SEED=1795747698688304553); no run has lost an
+/// acknowledged write. Run it with `--ignored`.
+#[test]
+#[ignore = "known bug: a reopen can find the chain full (see the comment)"]
+fn power_cuts_in_chain_mode() {
+    run(Mode::Chain);
+    let moved = CHAIN_GC_MOVED_BLOCKS.load(Ordering::Relaxed);
+    eprintln!("the cleaner moved {moved} blocks between the cuts");
+    assert!(moved > 0, "the cleaner never ran");
+}
+
 #[test]
 fn power_cuts_in_hybrid_mode() {
     run(Mode::Hybrid);
@@ -579,7 +664,7 @@ fn runs_are_deterministic() {
         Config::default(),
         TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
     );
-    for mode in [Mode::Plain, Mode::Hybrid] {
+    for mode in [Mode::Plain, Mode::Hybrid, Mode::Chain] {
         for _ in 0..2 {
             let case = case().new_tree(&mut runner).unwrap().current();
             let first = run_case(mode, &case, &cuts).unwrap();
@@ -614,7 +699,7 @@ fn regression(mode: Mode, steps: Vec<Step>) {
 /// whole log with acknowledged writes in it.
 #[test]
 fn regression_a_new_data_directory_survives_a_power_cut() {
-    for mode in [Mode::Plain, Mode::Hybrid] {
+    for mode in [Mode::Plain, Mode::Hybrid, Mode::Chain] {
         let write = |chunk, offset, length| Op::Write {
             chunk,
             offset,
@@ -697,7 +782,7 @@ fn regression_a_batch_does_not_copy_back_what_it_superseded() {
 /// store then refused to open ("not a Floe write-ahead log").
 #[test]
 fn regression_a_cut_during_the_first_open_leaves_an_openable_log() {
-    for mode in [Mode::Plain, Mode::Hybrid] {
+    for mode in [Mode::Plain, Mode::Hybrid, Mode::Chain] {
         let cuts = AtomicU64::new(0);
         for changes in 0..12 {
             for seed in 0..4 {

@@ -35,6 +35,8 @@ pub struct Options {
     pub journal_quota: u64,
     pub plain: bool,
     pub no_metrics: bool,
+    /// `--engine log`: every chunk server a chain of three disks of this many bytes.
+    pub chain_disk_bytes: Option<u64>,
     /// Also serve the volumes over NFSv3 (`floe nfs`) on this port.
     pub nfs_port: Option<u16>,
 }
@@ -382,6 +384,24 @@ fn hdd_arguments(options: &Options, host: &str) -> Vec<String> {
     out
 }
 
+/// `--engine log`: the server's chain, three disk directories and the map's cache
+/// in its data directory (on one file system: a demo of the layout, not of hdds).
+fn chain_arguments(data: &Path, disk_bytes: u64) -> Vec<String> {
+    let mut out = args(&["--engine", "log"]);
+    for disk in 0..3 {
+        let dir = data.join(format!("chain-disk-{disk}"));
+        out.extend(args(&["--disk", &dir.display().to_string()]));
+    }
+    let cache = data.join("chain-cache").display().to_string();
+    out.extend(args(&[
+        "--cache",
+        &cache,
+        "--disk-size",
+        &disk_bytes.to_string(),
+    ]));
+    out
+}
+
 async fn start(
     options: &Options,
     master_address: &str,
@@ -441,8 +461,10 @@ async fn start(
             "--class",
             class,
         ]);
-        if *class == "hdd" {
-            arguments.extend(hdd_arguments(options, host));
+        match options.chain_disk_bytes {
+            Some(bytes) => arguments.extend(chain_arguments(&data, bytes)),
+            None if *class == "hdd" => arguments.extend(hdd_arguments(options, host)),
+            None => {}
         }
         processes.push(spawn(&format!("chunkserver-{i}"), arguments, &listen)?);
     }

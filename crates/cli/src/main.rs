@@ -5,6 +5,7 @@ mod bank;
 mod cert;
 mod cluster;
 mod demo;
+mod engine;
 mod gateway_upgrade;
 mod kv;
 mod kv_bench;
@@ -101,6 +102,13 @@ enum Command {
         /// Start every process with `--metrics-listen off`.
         #[arg(long)]
         no_metrics: bool,
+        /// Chunk store engine of every chunk server: files, or log (each server a
+        /// chain of three disk directories in its data directory; no journals).
+        #[arg(long, value_enum, default_value = "files")]
+        engine: engine::Engine,
+        /// (--engine log) Bytes of each chain disk's log.
+        #[arg(long, value_parser = size::parse, default_value = "256M")]
+        disk_size: u64,
         /// Also serve the volumes over NFSv3 (`floe nfs`) on this port of 127.0.0.1;
         /// 111 lets clients that ask the portmapper (QEMU's nfs driver) find it.
         #[arg(long)]
@@ -152,6 +160,8 @@ enum Command {
     Chunkserver {
         #[command(flatten)]
         run: Option<ChunkserverArgs>,
+        #[command(flatten)]
+        engine: engine::EngineArgs,
         #[command(flatten)]
         metrics: metrics::MetricsArgs,
         #[command(subcommand)]
@@ -612,6 +622,8 @@ async fn execute(cli: Cli) -> Result<(), String> {
             journal_quota,
             plain,
             no_metrics,
+            engine,
+            disk_size,
             nfs_port,
         } => {
             demo::run(demo::Options {
@@ -628,6 +640,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 journal_quota,
                 plain,
                 no_metrics,
+                chain_disk_bytes: (engine == engine::Engine::Log).then_some(disk_size),
                 nfs_port,
             })
             .await
@@ -686,6 +699,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                     journals,
                     journal_quota,
                 }),
+            engine,
             metrics,
             ..
         } => {
@@ -711,6 +725,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 })
                 .collect::<Result<_, String>>()?;
             let store = floe_chunkserver::StoreOptions {
+                chain: engine.chain(!journals.is_empty())?,
                 journal_dirs,
                 local_journal_quota_bytes: quota(&dir)?,
                 emulate_hdd,

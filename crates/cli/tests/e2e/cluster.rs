@@ -158,6 +158,10 @@ impl Cluster {
 
     fn launch(dir: &Path, port: u16, metadata: Option<String>, args: Vec<String>) -> Cluster {
         let relative = !args.iter().any(|a| a == "--plain");
+        // FLOE_E2E_ENGINE=log runs the suite's clusters on the chained-log engine.
+        let engine = std::env::var("FLOE_E2E_ENGINE")
+            .ok()
+            .filter(|_| !args.iter().any(|a| a == "--engine"));
         let mut command = Command::new(FLOE);
         command.arg("demo");
         match (relative, dir.parent(), dir.file_name()) {
@@ -169,6 +173,7 @@ impl Cluster {
             .args(["--nbd-port", &(port + NBD_PORT_OFFSET).to_string()])
             .args(["--size", "1G"])
             .args(&args)
+            .args(engine.iter().flat_map(|e| ["--engine", e]))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(m) = &metadata {

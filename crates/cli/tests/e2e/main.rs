@@ -3,6 +3,7 @@
 //! NFS qemu-img, qemu-io and libnfs's tools).
 
 mod bad_input;
+mod chained_log;
 mod cli_ux;
 mod clients;
 mod cluster;
