@@ -2,7 +2,8 @@
 //! three disks of 8 MiB): fio writes and verifies a region over and over, about three
 //! times what each replica's chain holds, so only cleaning lets the writes go on
 //! (the servers log each map save with the cleaner's counters); and kill -9 under a
-//! writer loses no acknowledged write (crash.rs's ledger and checks).
+//! writer loses no acknowledged write (crash.rs's ledger and checks), on chains of
+//! [`KILL_DISK_SIZE`] disks: its repairs copy whole chunks, which 24 MiB cannot hold.
 
 use crate::cluster::{free_ports, Cluster, TestDir};
 use crate::crash;
@@ -10,9 +11,12 @@ use crate::fio_job::{assert_clean, FioJob, Verify};
 
 /// Each chain disk's log: three make a 24 MiB chain per server.
 const DISK_SIZE: &str = "8M";
+/// The kill -9 rounds' disks: 192 MiB chains, room for the whole copies of repairs
+/// (a 24 MiB chain ran full during one in CI).
+const KILL_DISK_SIZE: &str = "64M";
 
-pub fn log_engine_args() -> Vec<String> {
-    ["--engine", "log", "--disk-size", DISK_SIZE]
+pub fn log_engine_args(disk_size: &str) -> Vec<String> {
+    ["--engine", "log", "--disk-size", disk_size]
         .map(String::from)
         .to_vec()
 }
@@ -42,7 +46,7 @@ fn largest_logged(cluster: &Cluster, n: usize, field: &str) -> Option<u64> {
 fn chained_log_overwrites_three_times_its_capacity_and_verifies() {
     let dir = TestDir::new();
     let work = TestDir::new();
-    let cluster = Cluster::start_with(dir.path(), free_ports(), None, log_engine_args());
+    let cluster = Cluster::start_with(dir.path(), free_ports(), None, log_engine_args(DISK_SIZE));
     // 16 MiB (striped over the volume's first chunks), written and verified whole 5
     // times: 3 x 80 MiB into six 24 MiB chains.
     for pass in 0..5 {
@@ -73,5 +77,5 @@ fn chained_log_overwrites_three_times_its_capacity_and_verifies() {
 
 #[test]
 fn chained_log_kill_9_loses_no_acknowledged_write() {
-    crash::kill_9_rounds_with(log_engine_args(), "write-through", 2);
+    crash::kill_9_rounds_with(log_engine_args(KILL_DISK_SIZE), "write-through", 2);
 }
