@@ -132,7 +132,7 @@ mod tests {
 
     fn tls_config() -> Arc<rustls::ServerConfig> {
         // Never used for a handshake here: STARTTLS only has to be acknowledged.
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let resolver = Arc::new(rustls::server::ResolvesServerCertUsingSni::new());
         Arc::new(
             rustls::ServerConfig::builder_with_provider(provider)

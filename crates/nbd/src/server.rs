@@ -227,6 +227,8 @@ async fn handshake(
     }
 }
 
+const TLS_READ_BUFFER_BYTES: usize = 256 << 10;
+
 /// The server's side of the TLS handshake after STARTTLS, and who the client proved
 /// to be. The ClientHello decides between a pre-shared key (OpenSSL) and X.509
 /// (rustls); the chosen stack then reads it again.
@@ -236,6 +238,9 @@ async fn start_tls(
     transport: &Transport,
 ) -> io::Result<(Box<dyn Stream>, Client)> {
     let hello = psk::read_first_record(&mut read).await?;
+    // TLS stacks read the socket a record (rustls: 4 KiB) at a time: buffered, a
+    // 1 MiB write costs a few recv calls instead of hundreds.
+    let read = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER_BYTES, read);
     let stream = tokio::io::join(std::io::Cursor::new(hello.clone()).chain(read), write);
     if let Some(keys) = transport.psk.as_ref().filter(|keys| keys.offered(&hello)) {
         let (stream, identity) = keys.accept(stream).await?;

@@ -8,6 +8,7 @@
 //! choices (victims, delays, blocks, content).
 
 use crate::cluster::{free_ports, nbdsh, ok, Cluster, DemoFile};
+use crate::io_helpers::kill9;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
@@ -172,12 +173,6 @@ fn holds_chunks(data: &Path, n: usize) -> bool {
         .join("chunks")
         .join(format!("{VOLUME_ID:016x}"));
     std::fs::read_dir(volume).is_ok_and(|mut d| d.next().is_some())
-}
-
-fn kill9(pid: u32) {
-    // SAFETY: kill(2) on a cluster process we started (through the demo).
-    let rc = unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    assert_eq!(rc, 0, "kill -9 {pid}: {}", std::io::Error::last_os_error());
 }
 
 /// The nbdsh writer, in its own process group so it can be killed whole, and is

@@ -111,6 +111,27 @@ pub fn healthy(address: &str) -> bool {
         && reply.replace(' ', "").contains("\"health\":\"true\"")
 }
 
+/// The value of election `name`'s leader key (a master's address), as etcd member
+/// `address` (HOST:PORT) answers through its JSON gateway; `None` while none leads.
+pub fn election_leader(address: &str, name: &str) -> Option<String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let body = serde_json::json!({ "name": b64.encode(name) }).to_string();
+    let mut stream = TcpStream::connect(address).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = format!(
+        "POST /v3/election/leader HTTP/1.0\r\nHost: etcd\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).ok()?;
+    let (_, json) = reply.split_once("\r\n\r\n")?;
+    let answer: serde_json::Value = serde_json::from_str(json).ok()?;
+    let value = b64.decode(answer["kv"]["value"].as_str()?).ok()?;
+    String::from_utf8(value).ok()
+}
+
 impl Drop for Etcd {
     fn drop(&mut self) {
         for member in &mut self.members {

@@ -9,6 +9,7 @@ use crate::cluster::Cluster;
 use crate::fio_job::{
     assert_clean, assert_random_and_fill_verify, iops_log, write_fill, FioJob, Verify,
 };
+use crate::io_helpers::kill9;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -38,11 +39,6 @@ fn iops_between(log: &Path, from: SystemTime, to: SystemTime) -> Vec<u64> {
         .filter(|s| s.end > from && s.end <= to)
         .map(|s| s.iops as u64)
         .collect()
-}
-
-fn kill9(pid: u32) {
-    // SAFETY: kill(2) on a cluster process we started (through the demo).
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
 }
 
 #[test]

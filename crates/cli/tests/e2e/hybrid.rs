@@ -3,6 +3,7 @@
 //! writes that bypass the journal must supersede older small writes on the hdd.
 
 use crate::cluster::{free_ports, nbdsh, ok, Cluster, FLOE};
+use crate::io_helpers::kill9;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileExt;
@@ -104,11 +105,6 @@ fn busiest_hdd(cluster: &Cluster) -> usize {
         .max_by_key(|(_, n)| **n)
         .expect("some hdd server holds a chunk")
         .0
-}
-
-fn kill9(pid: u32) {
-    // SAFETY: kill(2) on a cluster process this test started (through the demo).
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
 }
 
 /// Starts demo chunk server `n` (an hdd one) again with the demo's arguments.

@@ -63,3 +63,10 @@ pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool)
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// kill -9 of a cluster process this test started (itself or through the demo).
+pub fn kill9(pid: u32) {
+    // SAFETY: kill(2) on a PID the test started and has not reaped.
+    let rc = unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert_eq!(rc, 0, "kill -9 {pid}: {}", std::io::Error::last_os_error());
+}

@@ -12,7 +12,7 @@
 use crate::cluster::{free_ports, ok, output, random_file, Cluster, TestDir};
 use crate::expand::{await_new_servers, expand_command, moves, Extra, MOVE_TIMEOUT};
 use crate::fio_job::{assert_clean, FioJob, Verify};
-use crate::io_helpers::{floe_output, text, wait_until};
+use crate::io_helpers::{floe_output, kill9, text, wait_until};
 use crate::write_modes::Gateway;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -60,11 +60,6 @@ fn copy(uri: &str, to: &Path) -> Vec<u8> {
     let mut head = std::fs::read(to).unwrap();
     head.truncate(A_BYTES);
     head
-}
-
-fn kill9(pid: u32) {
-    // SAFETY: kill(2) on a chunk server we started (through the demo).
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
 }
 
 #[test]

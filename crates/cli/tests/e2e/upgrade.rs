@@ -212,8 +212,8 @@ fn chunk_servers_upgrade_one_at_a_time_under_a_writing_client() {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .map_or(true, |stat| stat.contains(") Z "))
         });
-        servers.restart_from(n, &cluster, &binary);
-        servers.wait_listening(n, &cluster);
+        servers.restart_from(n, &binary);
+        servers.wait_listening(n);
         assert_eq!(running_binary(servers.pids[n]), new);
         cluster.wait_for_status(
             &format!("{CHUNK_SERVERS}/{CHUNK_SERVERS} chunk servers up"),

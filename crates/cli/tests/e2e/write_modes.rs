@@ -32,6 +32,7 @@
 //! write_modes_ext4.rs; full disks under a flush-epoch volume: full_disk.rs.
 
 use crate::cluster::{free_ports, nbdsh, output, Cluster, TestDir};
+use crate::io_helpers::kill9;
 use crate::servers::{Servers, CHUNK_SERVERS, RESTART_LIMIT};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -170,11 +171,6 @@ fn finish(mut child: Child) -> std::process::Output {
         std::thread::sleep(Duration::from_millis(20));
     }
     child.wait_with_output().unwrap()
-}
-
-fn kill9(pid: u32) {
-    // SAFETY: kill(2) on a process this test started.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
 }
 
 /// A gateway the test started, stopped by its PID.
@@ -393,10 +389,10 @@ fn a_volume_keeps_a_prefix_across_kills(write_mode: &str, default_rounds: u64) {
                 let _ = finish(writer);
                 drop(gateway.take());
                 for &n in killed {
-                    servers.restart(n, &cluster);
+                    servers.restart(n);
                 }
                 for &n in killed {
-                    servers.wait_listening(n, &cluster);
+                    servers.wait_listening(n);
                 }
                 cluster.wait_for_status(
                     &format!("{CHUNK_SERVERS}/{CHUNK_SERVERS} chunk servers up"),

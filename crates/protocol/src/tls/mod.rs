@@ -15,7 +15,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::TcpStream;
 
 mod revocation;
@@ -229,11 +229,12 @@ fn halves<S: AsyncRead + AsyncWrite + Send + 'static>(stream: S) -> Halves {
 }
 
 /// The client's side of a fresh connection: TLS as the holder of `tls`, if given.
-/// ring's suites with AES-128-GCM first (servers pick by their own order): every
-/// byte of a replicated write is sealed and opened once per hop, and AES-128 costs
-/// about an eighth less than AES-256 (ring on this project's machines).
+/// aws-lc-rs's suites with AES-128-GCM first (servers pick by their own order): every
+/// byte of a replicated write is sealed and opened once per hop. On this project's
+/// machines aws-lc-rs seals about 1.6x as fast as ring, and AES-128 costs about a
+/// sixth less than AES-256.
 fn provider() -> rustls::crypto::CryptoProvider {
-    let mut provider = rustls::crypto::ring::default_provider();
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
     provider.cipher_suites.sort_by_key(|suite| {
         use rustls::CipherSuite::*;
         !matches!(
@@ -246,13 +247,22 @@ fn provider() -> rustls::crypto::CryptoProvider {
     provider
 }
 
+/// What a TLS connection reads from its socket at once. rustls asks for at most 4 KiB
+/// a read: without a buffer beneath it, a 1 MiB write costs each hop some 256 recv
+/// calls instead of a handful.
+const SOCKET_READ_BUFFER_BYTES: usize = 256 << 10;
+
+fn buffered(stream: TcpStream) -> BufReader<TcpStream> {
+    BufReader::with_capacity(SOCKET_READ_BUFFER_BYTES, stream)
+}
+
 pub(crate) async fn connect(stream: TcpStream, tls: Option<&Tls>) -> std::io::Result<Halves> {
     let Some(tls) = tls else {
         let (read, write) = stream.into_split();
         return Ok((Box::new(read), Box::new(write)));
     };
     let stream = tokio_rustls::TlsConnector::from(tls.client.clone())
-        .connect(Tls::server_name(), stream)
+        .connect(Tls::server_name(), buffered(stream))
         .await?;
     Ok(halves(stream))
 }
@@ -264,7 +274,7 @@ pub(crate) async fn accept(stream: TcpStream) -> Result<(Halves, Option<Identity
         let (read, write) = stream.into_split();
         return Ok(((Box::new(read), Box::new(write)), None));
     };
-    let accepting = tokio_rustls::TlsAcceptor::from(tls.server.clone()).accept(stream);
+    let accepting = tokio_rustls::TlsAcceptor::from(tls.server.clone()).accept(buffered(stream));
     let stream = tokio::time::timeout(HANDSHAKE_LIMIT, accepting)
         .await
         .map_err(|_| format!("no TLS handshake within {HANDSHAKE_LIMIT:?}"))?
@@ -295,7 +305,9 @@ mod tests {
         assert!(format!("{:?}", suites[tls12]).contains("AES_128_GCM"));
         assert_eq!(
             suites.len(),
-            rustls::crypto::ring::default_provider().cipher_suites.len()
+            rustls::crypto::aws_lc_rs::default_provider()
+                .cipher_suites
+                .len()
         );
     }
 }
