@@ -42,22 +42,17 @@ impl Etcd {
             let client = format!("http://127.0.0.1:{client_port}");
             let peer = format!("http://127.0.0.1:{peer_port}");
             let log = std::fs::File::create(log.with_extension(format!("m{i}.log"))).unwrap();
-            let child = Command::new(ETCD)
-                .args(["--name", &format!("m{i}"), "--data-dir"])
-                .arg(data.join(format!("m{i}")))
-                .args([
-                    "--listen-client-urls",
-                    &client,
-                    "--advertise-client-urls",
-                    &client,
-                ])
-                .args([
-                    "--listen-peer-urls",
-                    &peer,
-                    "--initial-advertise-peer-urls",
-                    &peer,
-                ])
-                .args(["--initial-cluster", &initial.join(",")])
+            let name = format!("m{i}");
+            let mut command = Command::new(ETCD);
+            let member = Member {
+                name: &name,
+                data: &data.join(&name),
+                client: &client,
+                peer: &peer,
+                initial: &initial.join(","),
+            };
+            let child = member
+                .args(&mut command)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log)
@@ -94,6 +89,30 @@ impl Etcd {
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         format!("etcd://{}/{prefix}", hosts.join(","))
+    }
+}
+
+/// One member of an etcd cluster, as its command line says it.
+pub struct Member<'a> {
+    pub name: &'a str,
+    pub data: &'a Path,
+    /// URLs (http://HOST:PORT) it serves clients and peers on.
+    pub client: &'a str,
+    pub peer: &'a str,
+    /// Every member's NAME=PEER_URL, comma-separated.
+    pub initial: &'a str,
+}
+
+impl Member<'_> {
+    pub fn args<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+        command
+            .args(["--name", self.name, "--data-dir"])
+            .arg(self.data)
+            .args(["--listen-client-urls", self.client])
+            .args(["--advertise-client-urls", self.client])
+            .args(["--listen-peer-urls", self.peer])
+            .args(["--initial-advertise-peer-urls", self.peer])
+            .args(["--initial-cluster", self.initial])
     }
 }
 

@@ -11,7 +11,7 @@
 //! (it exits) while another takes over. fio sees no error, and the replicas agree.
 
 use crate::cluster::{ok, output, Spawned, TestDir, FLOE};
-use crate::etcd::{healthy, ETCD};
+use crate::etcd::{healthy, Member, ETCD};
 use crate::fio_job::{assert_clean, FioJob, Verify};
 use crate::io_helpers::{text, wait_until};
 use std::path::{Path, PathBuf};
@@ -301,15 +301,17 @@ fn start(hosts: &Hosts, dir: &Path, certs: &Path, processes: &mut Processes) {
             format!("http://{}:2379", hosts.address(i)),
             format!("http://{}:2380", hosts.address(i)),
         );
+        let name = format!("etcd{i}");
         let mut etcd = hosts.exec(i, ETCD);
-        etcd.args(["--name", &format!("etcd{i}"), "--data-dir"])
-            .arg(dir.join(format!("etcd{i}")))
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &initial.join(",")]);
-        processes.spawn(&format!("etcd{i}"), etcd);
+        Member {
+            name: &name,
+            data: &dir.join(&name),
+            client: &client,
+            peer: &peer,
+            initial: &initial.join(","),
+        }
+        .args(&mut etcd);
+        processes.spawn(&name, etcd);
     }
     wait_until("etcd is healthy", Duration::from_secs(60), || {
         (0..HOSTS).all(|i| healthy(&format!("{}:2379", hosts.address(i))))
