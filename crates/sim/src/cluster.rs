@@ -10,8 +10,9 @@ use floe_chunkstore::{SimDisk, Store, Tuning};
 use floe_client::master::MasterClient;
 use floe_metadata::memory::MemoryStore;
 use floe_metadata::{MetaError, MetaStore, Op};
-use floe_protocol::{ConnectionPool, DeviceClass, Registration};
+use floe_protocol::{ChunkPlacement, ConnectionPool, DeviceClass, Registration};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub const MASTER_ADDRESS: &str = "master:7700";
@@ -26,6 +27,7 @@ struct MasterMeta {
     network: Arc<Network>,
     process: ProcessId,
     incarnation: u64,
+    dies_storing_a_view: Arc<AtomicBool>,
 }
 
 impl MasterMeta {
@@ -33,6 +35,28 @@ impl MasterMeta {
         if !self.network.is_current(self.process, self.incarnation) {
             std::future::pending::<()>().await;
         }
+    }
+
+    /// Whether `ops` store a chunk in a later view than the store holds: the last step
+    /// of a view change, after the replicas moved to that view.
+    async fn stores_a_new_view(&self, ops: &[Op]) -> bool {
+        for op in ops {
+            let Op::Put { key, value } = op else { continue };
+            if !key.starts_with("chunk/") {
+                continue;
+            }
+            let view = |raw: &[u8]| {
+                serde_json::from_slice::<ChunkPlacement>(raw)
+                    .expect("a chunk placement")
+                    .view
+            };
+            if let Ok(Some(old)) = self.inner.get(key).await {
+                if view(value) > view(&old) {
+                    return true;
+                }
+            }
+        }
+        false
     }
 }
 
@@ -50,6 +74,14 @@ impl MetaStore for MasterMeta {
 
     async fn apply(&self, ops: Vec<Op>) -> Result<(), MetaError> {
         self.alive().await;
+        if self.dies_storing_a_view.load(Ordering::SeqCst) && self.stores_a_new_view(&ops).await {
+            // The replicas are in the new view and the map will never say so: an
+            // orphan view, which the next master must get writes out of.
+            self.dies_storing_a_view.store(false, Ordering::SeqCst);
+            tracing::info!("the master dies storing a view change");
+            self.network.kill(self.process);
+            std::future::pending::<()>().await;
+        }
         self.inner.apply(ops).await
     }
 }
@@ -80,6 +112,8 @@ pub struct Cluster {
     pub gateways: Vec<Gateway>,
     /// The operator's CLI.
     admin: Arc<MasterClient>,
+    /// Armed: the master dies as it stores its next view change (see `MasterMeta`).
+    pub master_dies_storing_a_view: Arc<AtomicBool>,
 }
 
 impl Cluster {
@@ -98,6 +132,7 @@ impl Cluster {
             servers: Vec::new(),
             gateways: Vec::new(),
             admin,
+            master_dies_storing_a_view: Arc::default(),
         }
     }
 
@@ -117,6 +152,7 @@ impl Cluster {
             network: self.network.clone(),
             process: self.master,
             incarnation: transport.incarnation(),
+            dies_storing_a_view: self.master_dies_storing_a_view.clone(),
         };
         let master = floe_master::start(
             Box::new(meta),

@@ -74,6 +74,10 @@ struct Run {
     /// Draws whether a stale reader runs, and its bound (write-through seeds), apart
     /// from `rng` too.
     stale_rng: StdRng,
+    /// Whether a master kill waits for the master's next view change.
+    view_rng: StdRng,
+    /// A master death at its next view change is armed.
+    view_death: bool,
     seed: u64,
     cluster: Cluster,
     network: Arc<Network>,
@@ -136,6 +140,8 @@ pub async fn run(seed: u64, write_mode: WriteMode) -> Result<Report, (Vec<String
         snapshot_rng: StdRng::seed_from_u64(seed ^ 0x5a5a_1234_c3c3_8765),
         snapshots: 0,
         stale_rng: StdRng::seed_from_u64(seed ^ 0x3c3c_5a5a_0f0f_a5a5),
+        view_rng: StdRng::seed_from_u64(seed ^ 0x0f1e_2d3c_4b5a_6978),
+        view_death: false,
         seed,
         cluster,
         network: network.clone(),
@@ -292,6 +298,13 @@ impl Run {
                 }
             }
             Later::RestartMaster => {
+                if std::mem::take(&mut self.view_death) {
+                    let armed = &self.cluster.master_dies_storing_a_view;
+                    self.event(match armed.swap(false, Ordering::SeqCst) {
+                        true => "the master stored no view change meanwhile".into(),
+                        false => "the master died storing a view change".into(),
+                    });
+                }
                 if !self.network.alive(self.cluster.master) {
                     self.event("restart master".into());
                     if let Err(e) = self.cluster.start_master().await {
@@ -469,7 +482,19 @@ impl Run {
                 self.schedule(heal_after, Later::Heal);
             }
             55..=64 => {
-                if self.network.alive(self.cluster.master) {
+                if self.network.alive(self.cluster.master) && self.view_rng.gen_bool(0.5) {
+                    // Between moving a chunk's replicas to a new view and storing it:
+                    // the orphan view a leader that lost etcd leaves behind.
+                    self.event("the master will die as it stores its next view change".into());
+                    self.view_death = true;
+                    self.cluster
+                        .master_dies_storing_a_view
+                        .store(true, Ordering::SeqCst);
+                    self.schedule(
+                        restart_after.min(Duration::from_secs(5)),
+                        Later::RestartMaster,
+                    );
+                } else if self.network.alive(self.cluster.master) {
                     self.event("kill -9 master".into());
                     self.cluster.kill_master();
                     self.schedule(
@@ -692,6 +717,10 @@ impl Run {
         self.network.set_faults(Faults::CALM);
         self.network.heal();
         self.later.clear();
+        self.view_death = false;
+        self.cluster
+            .master_dies_storing_a_view
+            .store(false, Ordering::SeqCst);
         for n in 0..self.cluster.servers.len() {
             self.cluster.free_disk(n);
         }
