@@ -384,16 +384,25 @@ impl State {
         Ok(corrupt)
     }
 
-    /// Cleans without a bound when client writes reach the reserve; `NoSpace` when
-    /// the live data leaves nothing to clean.
+    /// Cleans without a bound when client writes reach the reserve, a batch of
+    /// segments and a map save at a time (the save hands the freed segments back);
+    /// `NoSpace` when a whole lap of cleaning leaves no room. One batch is not enough:
+    /// the head's segments may be all live (cold data, or a recovery's replay that
+    /// rewrote everything since the checkpoint), so cleaning them gains nothing and
+    /// the garbage lies further on.
     fn make_room(&mut self) -> Result<(), StoreError> {
         let reserve = RESERVE_SEGMENTS * SEGMENT_BLOCKS;
-        if self.room() > reserve {
-            return Ok(());
-        }
-        self.clean(u64::MAX, self.save_batch_segments())?;
-        if self.head_segment > self.durable_head_segment {
-            self.save()?;
+        let lap = self.disks.total_blocks() / SEGMENT_BLOCKS;
+        let first = self.head_segment;
+        while self.room() <= reserve && self.head_segment - first < lap {
+            let before = self.head_segment;
+            self.clean(u64::MAX, self.save_batch_segments())?;
+            if self.head_segment > self.durable_head_segment {
+                self.save()?;
+            }
+            if self.head_segment == before {
+                break;
+            }
         }
         if self.room() > reserve {
             return Ok(());
