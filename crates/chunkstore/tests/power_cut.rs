@@ -368,6 +368,7 @@ fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
             cache_dir: PathBuf::from("/flash"),
             disk_bytes: 3 << 20,
             cache_bytes: 0,
+            layout: Default::default(),
         }),
     };
     let tuning = Tuning {

@@ -10,6 +10,8 @@
 //! - [`pages`]: the inverse map saved on the cache (flash) directory; recovery.
 //! - [`tail_cache`]: the recent blocks in RAM.
 //! - [`gc`]: move-to-tail cleaning, throttled against client writes.
+//! - [`placement`]: the chain's layout of the log over the disks, or the striped
+//!   one of the benchmark's RAID-0 baseline.
 //!
 //! The write-ahead log still orders and makes durable every change (data and replica
 //! state): the chain replaces the chunk files, not the log. A change is applied to
@@ -23,6 +25,7 @@ mod disks;
 mod gc;
 mod map;
 mod pages;
+mod placement;
 mod tail_cache;
 
 use crate::block_sums::BLOCK_BYTES;
@@ -38,6 +41,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use tail_cache::TailCache;
+
+pub(crate) use disks::LOG_FILE;
+pub use placement::Layout;
 
 /// Segments kept free for the cleaner's own moves: client writes stop short of them.
 const RESERVE_SEGMENTS: u64 = 2;
@@ -61,6 +67,8 @@ pub struct ChainOptions {
     pub disk_bytes: u64,
     /// Bytes of the RAM tail cache.
     pub cache_bytes: u64,
+    /// Chained (the engine) or striped (the benchmark's RAID-0 baseline only).
+    pub layout: Layout,
 }
 
 /// What the chain did since it opened, and how full it is.
@@ -104,6 +112,9 @@ pub(crate) struct State {
     durable_head_segment: u64,
     /// The next position the cleaner looks at, in the head segment.
     gc_cursor: u64,
+    /// The head segment's data the cleaner read: (first position, blocks). Valid
+    /// until the segment is freed: nothing writes a position twice in a lap.
+    gc_read: Option<(u64, Vec<u8>)>,
     /// The next position written.
     tail: u64,
     /// Blocks appended and not yet written: one write per segment's worth.
@@ -115,7 +126,7 @@ pub(crate) struct State {
 impl Chain {
     /// Opens the chain, rebuilding its maps from the last saved map.
     pub(crate) fn open(disk: Arc<dyn Disk>, options: &ChainOptions) -> Result<Chain, StoreError> {
-        let disks = Disks::open(&*disk, &options.disks, options.disk_bytes)?;
+        let disks = Disks::open(&*disk, &options.disks, options.disk_bytes, options.layout)?;
         let total = disks.total_blocks();
         if disks.count() == 0 || total < CHAIN_SEGMENTS_MIN * SEGMENT_BLOCKS {
             return Err(StoreError::Io(format!(
@@ -126,10 +137,7 @@ impl Chain {
         }
         disk.create_dir_all(&options.cache_dir)?;
         crate::disk::sync_dir_and_parents(&*disk, &options.cache_dir)?;
-        let geometry = Geometry {
-            disks: disks.count() as u64,
-            blocks_per_disk: disks.blocks_per_disk(),
-        };
+        let geometry = Geometry::of(&disks);
         let mut maps = Maps::new(total);
         let (head_segment, tail) = match pages::load(&*disk, &options.cache_dir, geometry)? {
             Some(saved) => {
@@ -161,6 +169,7 @@ impl Chain {
                 head_segment,
                 durable_head_segment: head_segment,
                 gc_cursor: head_segment * SEGMENT_BLOCKS,
+                gc_read: None,
                 tail,
                 run: Vec::new(),
                 cache: TailCache::new(options.cache_bytes),
@@ -298,10 +307,7 @@ impl State {
     fn save(&mut self) -> Result<(), StoreError> {
         self.flush()?;
         self.disks.sync()?;
-        let geometry = Geometry {
-            disks: self.disks.count() as u64,
-            blocks_per_disk: self.disks.blocks_per_disk(),
-        };
+        let geometry = Geometry::of(&self.disks);
         pages::save(
             &*self.disk,
             &self.cache_dir,
@@ -447,16 +453,26 @@ impl State {
             self.counters.reads_cache.fetch_add(1, Relaxed);
             return Ok(());
         }
+        self.read_blocks(position, out)
+    }
+
+    /// Whole blocks from the disks (written, not in the pending run), counted per
+    /// disk as the tail's or the body's: the reads a chain keeps off the tail disk.
+    fn read_blocks(&self, position: u64, out: &mut [u8]) -> io::Result<()> {
+        let blocks = out.len() as u64 / BLOCK_BYTES;
         assert!(
-            position + (self.run.len() as u64 / BLOCK_BYTES) < self.tail,
-            "an unwritten block is in the cache"
+            position + blocks + (self.run.len() as u64 / BLOCK_BYTES) <= self.tail,
+            "an unwritten block is read from disk"
         );
+        // Striped, the "tail disk" is the one the next stripe unit goes to.
         let tail_disk = self.disks.place(self.tail).0;
-        let counter = match self.disks.place(position).0 == tail_disk {
-            true => &self.counters.reads_tail_disk,
-            false => &self.counters.reads_body_disk,
-        };
-        counter.fetch_add(1, Relaxed);
-        self.disks.read(position, out)
+        for (disk, blocks) in self.disks.read(position, out)? {
+            let counter = match disk == tail_disk {
+                true => &self.counters.reads_tail_disk,
+                false => &self.counters.reads_body_disk,
+            };
+            counter.fetch_add(blocks, Relaxed);
+        }
+        Ok(())
     }
 }

@@ -1,6 +1,7 @@
-//! Emulated hard disk (an emulation, for measuring hybrid mode on machines with only
-//! ssds): [`HddDisk`] wraps another disk and makes every access to a chunk file or to
-//! the hdd's own journal take the service time a 7200 rpm disk would.
+//! Emulated hard disk (an emulation, for measuring hybrid mode and the chained log on
+//! machines with only ssds): [`HddDisk`] wraps another disk and makes every access to
+//! a chunk file or to the hdd's own journal (or, for a chain, to each disk's log, one
+//! emulated hdd per disk) take the service time a 7200 rpm disk would.
 //!
 //! The model: one head, so accesses are served one after another (first come, first
 //! served); a seek whose time grows with the square root of the distance from the
@@ -138,29 +139,59 @@ pub(crate) fn take_paced_until() -> Option<Instant> {
     PACED_UNTIL.take()
 }
 
-/// A disk whose chunk files and own journal (in `data_dir`) lie on an emulated hdd;
-/// every other file (the log, the meta file, ssd journals) is left as is.
+/// A disk whose chunk files and own journal (in `data_dir`) lie on an emulated hdd,
+/// or whose chain disks' logs each lie on their own; every other file (the log, the
+/// meta file, ssd journals, the chain's saved map) is left as is.
 pub struct HddDisk {
     inner: Arc<dyn Disk>,
-    hdd: Arc<Hdd>,
-    data_dir: PathBuf,
+    devices: Devices,
+}
+
+enum Devices {
+    /// The files engine: one hdd under the data directory's chunk files.
+    Chunks { hdd: Arc<Hdd>, data_dir: PathBuf },
+    /// The chained log: each disk directory's log on its own hdd, from its start.
+    Chain(Vec<(PathBuf, Arc<Hdd>)>),
 }
 
 impl HddDisk {
     pub fn new(inner: Arc<dyn Disk>, hdd: Arc<Hdd>, data_dir: &Path) -> HddDisk {
         HddDisk {
             inner,
-            hdd,
-            data_dir: data_dir.to_path_buf(),
+            devices: Devices::Chunks {
+                hdd,
+                data_dir: data_dir.to_path_buf(),
+            },
         }
     }
 
-    /// Where byte 0 of the file at `path` lies on the emulated device, if on it.
-    fn place(&self, path: &Path) -> Option<u64> {
-        if path == self.data_dir.join(layout::LOCAL_JOURNAL) {
-            return Some(JOURNAL_POSITION);
+    /// A chain's disks, one emulated hdd each.
+    pub(crate) fn chain(inner: Arc<dyn Disk>, disk_dirs: &[PathBuf]) -> HddDisk {
+        let hdds = disk_dirs
+            .iter()
+            .map(|dir| (dir.join(crate::chain::LOG_FILE), Arc::new(Hdd::default())))
+            .collect();
+        HddDisk {
+            inner,
+            devices: Devices::Chain(hdds),
         }
-        layout::chunk_of(&self.data_dir, path).map(|chunk| device_position(chunk, 0))
+    }
+
+    /// The hdd the file at `path` lies on and where its byte 0 is, if on one.
+    fn place(&self, path: &Path) -> Option<(Arc<Hdd>, u64)> {
+        match &self.devices {
+            Devices::Chunks { hdd, data_dir } => {
+                if path == data_dir.join(layout::LOCAL_JOURNAL) {
+                    return Some((hdd.clone(), JOURNAL_POSITION));
+                }
+                layout::chunk_of(data_dir, path)
+                    .map(|chunk| (hdd.clone(), device_position(chunk, 0)))
+            }
+            Devices::Chain(logs) => logs
+                .iter()
+                .find(|(log, _)| log == path)
+                .map(|(_, hdd)| (hdd.clone(), 0)),
+        }
     }
 }
 
@@ -168,9 +199,9 @@ impl Disk for HddDisk {
     fn open(&self, path: &Path, create: bool) -> io::Result<FileRef> {
         let file = self.inner.open(path, create)?;
         Ok(match self.place(path) {
-            Some(base) => Arc::new(HddFile {
+            Some((hdd, base)) => Arc::new(HddFile {
                 inner: file,
-                hdd: self.hdd.clone(),
+                hdd,
                 base,
             }),
             None => file,
