@@ -76,7 +76,12 @@ impl State {
                 .find(|&p| self.maps.at(p).is_some())
                 .expect("the block to move is live");
             let mut data = vec![0; ((last + 1 - position) * BLOCK_BYTES) as usize];
-            self.read_blocks(position, &mut data)?;
+            let c = &self.counters;
+            self.read_blocks(
+                position,
+                &mut data,
+                [&c.gc_reads_tail_disk, &c.gc_reads_body_disk],
+            )?;
             self.gc_read = Some((position, data));
         }
         let (from, data) = self.gc_read.as_ref().expect("just read");

@@ -84,6 +84,9 @@ pub struct ChainStats {
     pub reads_cache: u64,
     pub reads_tail_disk: u64,
     pub reads_body_disk: u64,
+    /// Blocks the cleaner read from the tail's disk and from the others.
+    pub gc_reads_tail_disk: u64,
+    pub gc_reads_body_disk: u64,
 }
 
 #[derive(Default)]
@@ -94,6 +97,8 @@ struct Counters {
     reads_cache: AtomicU64,
     reads_tail_disk: AtomicU64,
     reads_body_disk: AtomicU64,
+    gc_reads_tail_disk: AtomicU64,
+    gc_reads_body_disk: AtomicU64,
 }
 
 pub(crate) struct Chain {
@@ -277,6 +282,8 @@ impl Chain {
             reads_cache: c.reads_cache.load(Relaxed),
             reads_tail_disk: c.reads_tail_disk.load(Relaxed),
             reads_body_disk: c.reads_body_disk.load(Relaxed),
+            gc_reads_tail_disk: c.gc_reads_tail_disk.load(Relaxed),
+            gc_reads_body_disk: c.gc_reads_body_disk.load(Relaxed),
         }
     }
 }
@@ -453,12 +460,18 @@ impl State {
             self.counters.reads_cache.fetch_add(1, Relaxed);
             return Ok(());
         }
-        self.read_blocks(position, out)
+        let c = &self.counters;
+        self.read_blocks(position, out, [&c.reads_tail_disk, &c.reads_body_disk])
     }
 
     /// Whole blocks from the disks (written, not in the pending run), counted per
-    /// disk as the tail's or the body's: the reads a chain keeps off the tail disk.
-    fn read_blocks(&self, position: u64, out: &mut [u8]) -> io::Result<()> {
+    /// disk in `[tail's, body's]`: the reads a chain keeps off the tail disk.
+    fn read_blocks(
+        &self,
+        position: u64,
+        out: &mut [u8],
+        counters: [&AtomicU64; 2],
+    ) -> io::Result<()> {
         let blocks = out.len() as u64 / BLOCK_BYTES;
         assert!(
             position + blocks + (self.run.len() as u64 / BLOCK_BYTES) <= self.tail,
@@ -467,11 +480,7 @@ impl State {
         // Striped, the "tail disk" is the one the next stripe unit goes to.
         let tail_disk = self.disks.place(self.tail).0;
         for (disk, blocks) in self.disks.read(position, out)? {
-            let counter = match disk == tail_disk {
-                true => &self.counters.reads_tail_disk,
-                false => &self.counters.reads_body_disk,
-            };
-            counter.fetch_add(blocks, Relaxed);
+            counters[(disk != tail_disk) as usize].fetch_add(blocks, Relaxed);
         }
         Ok(())
     }

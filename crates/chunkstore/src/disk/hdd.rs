@@ -30,6 +30,12 @@ const SEEK_FULL_STROKE: Duration = Duration::from_millis(8);
 /// One revolution at 7200 rpm.
 const ROTATION: Duration = Duration::from_micros(8333);
 const TRANSFER_BYTES_PER_SECOND: u64 = 150_000_000;
+/// A chain disk's writes are write-behind (the page cache: the write-ahead log on
+/// flash already holds the data): a writer waits only for what is queued beyond
+/// this much of the disk's time. Its reads go ahead of that backlog, as Linux's
+/// mq-deadline serves reads first on an hdd: the read's seek there and back delays
+/// every queued write.
+const CHAIN_WRITE_BEHIND: Duration = Duration::from_millis(100);
 
 /// Where `offset` of `chunk` lies on the emulated device: the chunk's slot (a hash of
 /// its id) times the chunk size, plus the offset.
@@ -69,6 +75,8 @@ struct Head {
     position: u64,
     /// When the last reserved access completes.
     busy_until: Instant,
+    /// When the last read served ahead of queued writes completes.
+    reads_until: Instant,
     /// Rotational latency generator state.
     random: u64,
     /// When a foreground (not replay) access last completed.
@@ -87,6 +95,7 @@ impl Default for Hdd {
             head: Mutex::new(Head {
                 position: 0,
                 busy_until: now,
+                reads_until: now,
                 random: 1,
                 foreground_until: now,
             }),
@@ -108,6 +117,29 @@ impl Hdd {
             head.foreground_until = head.busy_until;
         }
         head.busy_until
+    }
+
+    /// Reserves a read that goes ahead of queued writes (see [`CHAIN_WRITE_BEHIND`]):
+    /// served after the reads before it, it pushes the queued writes back by its own
+    /// time and the seek back to where they continue; returns when it completes.
+    fn reserve_read_first(&self, position: u64, length: u64) -> Instant {
+        let now = Instant::now();
+        let mut head = self.head.lock().unwrap();
+        if head.busy_until <= now {
+            drop(head);
+            let done = self.reserve(position, length, true);
+            self.head.lock().unwrap().reads_until = done;
+            return done;
+        }
+        head.random = splitmix64(head.random);
+        let there = service_time(head.position, position, length, head.random);
+        head.random = splitmix64(head.random);
+        let back = service_time(position + length, head.position, 0, head.random);
+        let done = head.reads_until.max(now) + there;
+        head.reads_until = done;
+        head.busy_until += there + back;
+        head.foreground_until = head.busy_until;
+        done
     }
 
     /// True when no foreground access ran in the last `quiet`.
@@ -177,20 +209,21 @@ impl HddDisk {
         }
     }
 
-    /// The hdd the file at `path` lies on and where its byte 0 is, if on one.
-    fn place(&self, path: &Path) -> Option<(Arc<Hdd>, u64)> {
+    /// The hdd the file at `path` lies on, where its byte 0 is and whether it is a
+    /// chain disk's log (writes behind, reads first), if on one.
+    fn place(&self, path: &Path) -> Option<(Arc<Hdd>, u64, bool)> {
         match &self.devices {
             Devices::Chunks { hdd, data_dir } => {
                 if path == data_dir.join(layout::LOCAL_JOURNAL) {
-                    return Some((hdd.clone(), JOURNAL_POSITION));
+                    return Some((hdd.clone(), JOURNAL_POSITION, false));
                 }
                 layout::chunk_of(data_dir, path)
-                    .map(|chunk| (hdd.clone(), device_position(chunk, 0)))
+                    .map(|chunk| (hdd.clone(), device_position(chunk, 0), false))
             }
             Devices::Chain(logs) => logs
                 .iter()
                 .find(|(log, _)| log == path)
-                .map(|(_, hdd)| (hdd.clone(), 0)),
+                .map(|(_, hdd)| (hdd.clone(), 0, true)),
         }
     }
 }
@@ -199,10 +232,11 @@ impl Disk for HddDisk {
     fn open(&self, path: &Path, create: bool) -> io::Result<FileRef> {
         let file = self.inner.open(path, create)?;
         Ok(match self.place(path) {
-            Some((hdd, base)) => Arc::new(HddFile {
+            Some((hdd, base, chain_log)) => Arc::new(HddFile {
                 inner: file,
                 hdd,
                 base,
+                chain_log,
             }),
             None => file,
         })
@@ -250,27 +284,47 @@ struct HddFile {
     hdd: Arc<Hdd>,
     /// Device position of the file's byte 0.
     base: u64,
+    /// A chain disk's log: writes behind, reads first ([`CHAIN_WRITE_BEHIND`]).
+    chain_log: bool,
 }
 
 impl HddFile {
+    /// The thread will wait until `until` (see [`take_paced_until`]).
+    fn wait(until: Instant) {
+        PACED_UNTIL.set(PACED_UNTIL.get().max(Some(until)));
+    }
+
     fn pace(&self, offset: u64, length: u64) {
         let done = self
             .hdd
             .reserve(self.base + offset, length, !BACKGROUND.get());
-        PACED_UNTIL.set(PACED_UNTIL.get().max(Some(done)));
+        HddFile::wait(done);
     }
 }
 
 impl DiskFile for HddFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let read = self.inner.read_at(buf, offset)?;
-        self.pace(offset, buf.len() as u64);
+        match self.chain_log {
+            true => HddFile::wait(
+                self.hdd
+                    .reserve_read_first(self.base + offset, buf.len() as u64),
+            ),
+            false => self.pace(offset, buf.len() as u64),
+        }
         Ok(read)
     }
 
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.inner.write_all_at(data, offset)?;
-        self.pace(offset, data.len() as u64);
+        let done = self
+            .hdd
+            .reserve(self.base + offset, data.len() as u64, !BACKGROUND.get());
+        let behind = match self.chain_log {
+            true => CHAIN_WRITE_BEHIND,
+            false => Duration::ZERO,
+        };
+        HddFile::wait(done.checked_sub(behind).unwrap_or(done));
         Ok(())
     }
 
@@ -379,5 +433,23 @@ mod tests {
         let first = hdd.reserve(0, 1 << 20, true);
         let second = hdd.reserve(1 << 20, 1 << 20, false);
         assert_eq!(second - first, service_time(0, 0, 1 << 20, 0));
+    }
+
+    /// A chain disk's read goes ahead of a write backlog and pushes it back by the
+    /// read's time and the seek back.
+    #[test]
+    fn a_read_goes_ahead_of_queued_writes_and_delays_them() {
+        let hdd = Hdd::default();
+        let backlog = hdd.reserve(0, 150 << 20, true); // a second of writes
+        let read = hdd.reserve_read_first(DEVICE_BYTES / 2, 4096);
+        assert!(read < backlog, "the read waited for the writes");
+        let busy = hdd.head.lock().unwrap().busy_until;
+        assert!(
+            busy > backlog + SEEK_TRACK_TO_TRACK * 2,
+            "the writes were not delayed"
+        );
+        // The writes go on where they were: the next one is sequential to them.
+        let next = hdd.reserve(150 << 20, 1 << 20, true);
+        assert_eq!(next - busy, service_time(0, 0, 1 << 20, 0));
     }
 }
