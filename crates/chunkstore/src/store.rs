@@ -53,8 +53,8 @@ pub struct Options {
     pub journal_dirs: Vec<JournalDir>,
     /// Quota of the overflow journal in the data directory (hybrid mode only).
     pub local_journal_quota_bytes: u64,
-    /// Emulate a hard disk's service times on chunk-file access (see
-    /// [`crate::disk::hdd`]).
+    /// Emulate a hard disk's service times on chunk-file access, or on each chain
+    /// disk's log (see [`crate::disk::hdd`]).
     pub emulate_hdd: bool,
     /// The chained-log engine: chunk data goes to a log chained across these disks
     /// (see [`crate::chain`]) instead of chunk files; the write-ahead log stays in
@@ -130,10 +130,15 @@ impl Store {
         options: &Options,
         tuning: &Tuning,
     ) -> Result<Store, StoreError> {
-        let hdd = options.emulate_hdd.then(|| Arc::new(Hdd::default()));
-        let disk: Arc<dyn Disk> = match &hdd {
-            Some(hdd) => Arc::new(HddDisk::new(disk, hdd.clone(), dir)),
-            None => disk,
+        // A chain emulates each of its disks (the files engine, one under its chunks).
+        let hdd =
+            (options.emulate_hdd && options.chain.is_none()).then(|| Arc::new(Hdd::default()));
+        let disk: Arc<dyn Disk> = match (&hdd, &options.chain) {
+            (Some(hdd), _) => Arc::new(HddDisk::new(disk, hdd.clone(), dir)),
+            (None, Some(chain)) if options.emulate_hdd => {
+                Arc::new(HddDisk::chain(disk, &chain.disks))
+            }
+            (None, _) => disk,
         };
         disk.create_dir_all(&layout::chunks_dir(dir))?;
         let hybrid = !options.journal_dirs.is_empty();

@@ -368,6 +368,7 @@ fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
             cache_dir: PathBuf::from("/flash"),
             disk_bytes: 3 << 20,
             cache_bytes: 0,
+            layout: Default::default(),
         }),
     };
     let tuning = Tuning {
@@ -637,12 +638,10 @@ fn power_cuts_in_plain_mode() {
 }
 
 /// The chain engine under the same cuts, its cleaner running throughout.
-/// Ignored until a known bug is fixed: some runs end with a store that does not
-/// reopen, "the chain is full: 2 MiB live of 9 MiB", during recovery's replay with
-/// little room (FLOE_POWER_CUT_SEED=1795747698688304553); no run has lost an
-/// acknowledged write. Run it with `--ignored`.
+/// FLOE_POWER_CUT_SEED=1795747698688304553 once found a store that did not reopen
+/// ("the chain is full: 2 MiB live of 9 MiB"): recovery's replay reached the reserve
+/// with an all-live head, and a write cleaned only one segment before giving up.
 #[test]
-#[ignore = "known bug: a reopen can find the chain full (see the comment)"]
 fn power_cuts_in_chain_mode() {
     run(Mode::Chain);
     let moved = CHAIN_GC_MOVED_BLOCKS.load(Ordering::Relaxed);

@@ -81,6 +81,7 @@ impl EngineArgs {
                     cache_dir,
                     disk_bytes: self.disk_size.unwrap_or(DISK_BYTES_DEFAULT),
                     cache_bytes: self.cache_size.unwrap_or(CACHE_BYTES_DEFAULT),
+                    layout: Default::default(),
                 }))
             }
         }

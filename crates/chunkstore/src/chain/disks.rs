@@ -1,9 +1,10 @@
 //! The chain of disks: one preallocated log file per disk, laid end to end into one
 //! circular address space of 4 KiB blocks. A position is monotonic (it never wraps);
-//! its block on disk is `position % total_blocks`, so the disk a position lands on
-//! is the chain's order: the tail fills disk 0, then disk 1, ..., then disk 0 again
-//! once the head has been cleaned past it.
+//! its block is `position % total_blocks`, placed by the [`Layout`]: chained, the
+//! tail fills disk 0, then disk 1, ..., then disk 0 again once the head has been
+//! cleaned past it (striped only for the benchmark's RAID-0 baseline).
 
+use super::placement::Layout;
 use crate::block_sums::BLOCK_BYTES;
 use crate::disk::{self, Disk, FileRef};
 use std::io;
@@ -12,11 +13,12 @@ use std::path::PathBuf;
 /// Blocks in a segment, the unit the cleaner frees (1 MiB).
 pub(crate) const SEGMENT_BLOCKS: u64 = 256;
 /// The log file in each disk's directory.
-const LOG_FILE: &str = "chain.log";
+pub(crate) const LOG_FILE: &str = "chain.log";
 
 pub(crate) struct Disks {
     files: Vec<FileRef>,
     blocks_per_disk: u64,
+    layout: Layout,
 }
 
 impl Disks {
@@ -24,7 +26,12 @@ impl Disks {
     /// segments. Sparse, not allocated up front: the tail writes it a segment at a
     /// time in order, so the file system lays it out sequentially anyway, and a demo
     /// of many chains takes only what it writes.
-    pub(crate) fn open(disk: &dyn Disk, dirs: &[PathBuf], disk_bytes: u64) -> io::Result<Disks> {
+    pub(crate) fn open(
+        disk: &dyn Disk,
+        dirs: &[PathBuf],
+        disk_bytes: u64,
+        layout: Layout,
+    ) -> io::Result<Disks> {
         let blocks_per_disk = disk_bytes / BLOCK_BYTES / SEGMENT_BLOCKS * SEGMENT_BLOCKS;
         let mut files = Vec::with_capacity(dirs.len());
         for dir in dirs {
@@ -38,6 +45,7 @@ impl Disks {
         Ok(Disks {
             files,
             blocks_per_disk,
+            layout,
         })
     }
 
@@ -53,31 +61,63 @@ impl Disks {
         self.blocks_per_disk * self.files.len() as u64
     }
 
-    /// The disk holding `position`, and the byte offset in its log.
-    pub(crate) fn place(&self, position: u64) -> (usize, u64) {
-        let block = position % self.total_blocks();
-        (
-            (block / self.blocks_per_disk) as usize,
-            (block % self.blocks_per_disk) * BLOCK_BYTES,
-        )
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
     }
 
-    /// Writes whole blocks starting at `position`; the caller keeps a run within
-    /// one segment, so within one disk.
-    pub(crate) fn write(&self, position: u64, data: &[u8]) -> io::Result<()> {
-        assert_eq!(data.len() as u64 % BLOCK_BYTES, 0, "whole blocks only");
-        let blocks = data.len() as u64 / BLOCK_BYTES;
+    /// The disk holding `position`, the byte offset in its log, and the blocks from
+    /// there on that stay contiguous on that disk.
+    pub(crate) fn place(&self, position: u64) -> (usize, u64, u64) {
+        let block = position % self.total_blocks();
+        let (disk, at, run) =
+            self.layout
+                .place(block, self.files.len() as u64, self.blocks_per_disk);
+        (disk, at * BLOCK_BYTES, run)
+    }
+
+    /// The pieces of `blocks` blocks from `position` (within one segment, so one
+    /// lap) that stay contiguous on one disk: (disk, byte offset there, first
+    /// block of the piece counted from `position`, blocks).
+    fn pieces(&self, position: u64, blocks: u64) -> Vec<(usize, u64, u64, u64)> {
         assert!(
             blocks <= SEGMENT_BLOCKS - position % SEGMENT_BLOCKS,
             "a run crosses a segment"
         );
-        let (disk, offset) = self.place(position);
-        self.files[disk].write_all_at(data, offset)
+        let mut pieces = Vec::new();
+        let mut done = 0;
+        while done < blocks {
+            let (disk, offset, run) = self.place(position + done);
+            let piece = run.min(blocks - done);
+            pieces.push((disk, offset, done, piece));
+            done += piece;
+        }
+        pieces
     }
 
-    pub(crate) fn read(&self, position: u64, out: &mut [u8]) -> io::Result<()> {
-        let (disk, offset) = self.place(position);
-        disk::read_at(&*self.files[disk], out, offset)
+    /// Writes whole blocks starting at `position`, within one segment.
+    pub(crate) fn write(&self, position: u64, data: &[u8]) -> io::Result<()> {
+        assert_eq!(data.len() as u64 % BLOCK_BYTES, 0, "whole blocks only");
+        for (disk, offset, first, blocks) in self.pieces(position, data.len() as u64 / BLOCK_BYTES)
+        {
+            let range = (first * BLOCK_BYTES) as usize..((first + blocks) * BLOCK_BYTES) as usize;
+            self.files[disk].write_all_at(&data[range], offset)?;
+        }
+        Ok(())
+    }
+
+    /// Reads whole blocks starting at `position`, within one segment, one read per
+    /// disk piece; returns each piece's disk and blocks (for the read counters).
+    pub(crate) fn read(&self, position: u64, out: &mut [u8]) -> io::Result<Vec<(usize, u64)>> {
+        assert_eq!(out.len() as u64 % BLOCK_BYTES, 0, "whole blocks only");
+        let pieces = self.pieces(position, out.len() as u64 / BLOCK_BYTES);
+        for &(disk, offset, first, blocks) in &pieces {
+            let range = (first * BLOCK_BYTES) as usize..((first + blocks) * BLOCK_BYTES) as usize;
+            disk::read_at(&*self.files[disk], &mut out[range], offset)?;
+        }
+        Ok(pieces
+            .into_iter()
+            .map(|(disk, _, _, blocks)| (disk, blocks))
+            .collect())
     }
 
     pub(crate) fn sync(&self) -> io::Result<()> {

@@ -10,6 +10,8 @@
 //! - [`pages`]: the inverse map saved on the cache (flash) directory; recovery.
 //! - [`tail_cache`]: the recent blocks in RAM.
 //! - [`gc`]: move-to-tail cleaning, throttled against client writes.
+//! - [`placement`]: the chain's layout of the log over the disks, or the striped
+//!   one of the benchmark's RAID-0 baseline.
 //!
 //! The write-ahead log still orders and makes durable every change (data and replica
 //! state): the chain replaces the chunk files, not the log. A change is applied to
@@ -23,6 +25,7 @@ mod disks;
 mod gc;
 mod map;
 mod pages;
+mod placement;
 mod tail_cache;
 
 use crate::block_sums::BLOCK_BYTES;
@@ -38,6 +41,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use tail_cache::TailCache;
+
+pub(crate) use disks::LOG_FILE;
+pub use placement::Layout;
 
 /// Segments kept free for the cleaner's own moves: client writes stop short of them.
 const RESERVE_SEGMENTS: u64 = 2;
@@ -61,6 +67,8 @@ pub struct ChainOptions {
     pub disk_bytes: u64,
     /// Bytes of the RAM tail cache.
     pub cache_bytes: u64,
+    /// Chained (the engine) or striped (the benchmark's RAID-0 baseline only).
+    pub layout: Layout,
 }
 
 /// What the chain did since it opened, and how full it is.
@@ -76,6 +84,9 @@ pub struct ChainStats {
     pub reads_cache: u64,
     pub reads_tail_disk: u64,
     pub reads_body_disk: u64,
+    /// Blocks the cleaner read from the tail's disk and from the others.
+    pub gc_reads_tail_disk: u64,
+    pub gc_reads_body_disk: u64,
 }
 
 #[derive(Default)]
@@ -86,6 +97,8 @@ struct Counters {
     reads_cache: AtomicU64,
     reads_tail_disk: AtomicU64,
     reads_body_disk: AtomicU64,
+    gc_reads_tail_disk: AtomicU64,
+    gc_reads_body_disk: AtomicU64,
 }
 
 pub(crate) struct Chain {
@@ -104,6 +117,9 @@ pub(crate) struct State {
     durable_head_segment: u64,
     /// The next position the cleaner looks at, in the head segment.
     gc_cursor: u64,
+    /// The head segment's data the cleaner read: (first position, blocks). Valid
+    /// until the segment is freed: nothing writes a position twice in a lap.
+    gc_read: Option<(u64, Vec<u8>)>,
     /// The next position written.
     tail: u64,
     /// Blocks appended and not yet written: one write per segment's worth.
@@ -115,7 +131,7 @@ pub(crate) struct State {
 impl Chain {
     /// Opens the chain, rebuilding its maps from the last saved map.
     pub(crate) fn open(disk: Arc<dyn Disk>, options: &ChainOptions) -> Result<Chain, StoreError> {
-        let disks = Disks::open(&*disk, &options.disks, options.disk_bytes)?;
+        let disks = Disks::open(&*disk, &options.disks, options.disk_bytes, options.layout)?;
         let total = disks.total_blocks();
         if disks.count() == 0 || total < CHAIN_SEGMENTS_MIN * SEGMENT_BLOCKS {
             return Err(StoreError::Io(format!(
@@ -126,10 +142,7 @@ impl Chain {
         }
         disk.create_dir_all(&options.cache_dir)?;
         crate::disk::sync_dir_and_parents(&*disk, &options.cache_dir)?;
-        let geometry = Geometry {
-            disks: disks.count() as u64,
-            blocks_per_disk: disks.blocks_per_disk(),
-        };
+        let geometry = Geometry::of(&disks);
         let mut maps = Maps::new(total);
         let (head_segment, tail) = match pages::load(&*disk, &options.cache_dir, geometry)? {
             Some(saved) => {
@@ -161,6 +174,7 @@ impl Chain {
                 head_segment,
                 durable_head_segment: head_segment,
                 gc_cursor: head_segment * SEGMENT_BLOCKS,
+                gc_read: None,
                 tail,
                 run: Vec::new(),
                 cache: TailCache::new(options.cache_bytes),
@@ -268,6 +282,8 @@ impl Chain {
             reads_cache: c.reads_cache.load(Relaxed),
             reads_tail_disk: c.reads_tail_disk.load(Relaxed),
             reads_body_disk: c.reads_body_disk.load(Relaxed),
+            gc_reads_tail_disk: c.gc_reads_tail_disk.load(Relaxed),
+            gc_reads_body_disk: c.gc_reads_body_disk.load(Relaxed),
         }
     }
 }
@@ -298,10 +314,7 @@ impl State {
     fn save(&mut self) -> Result<(), StoreError> {
         self.flush()?;
         self.disks.sync()?;
-        let geometry = Geometry {
-            disks: self.disks.count() as u64,
-            blocks_per_disk: self.disks.blocks_per_disk(),
-        };
+        let geometry = Geometry::of(&self.disks);
         pages::save(
             &*self.disk,
             &self.cache_dir,
@@ -384,16 +397,25 @@ impl State {
         Ok(corrupt)
     }
 
-    /// Cleans without a bound when client writes reach the reserve; `NoSpace` when
-    /// the live data leaves nothing to clean.
+    /// Cleans without a bound when client writes reach the reserve, a batch of
+    /// segments and a map save at a time (the save hands the freed segments back);
+    /// `NoSpace` when a whole lap of cleaning leaves no room. One batch is not enough:
+    /// the head's segments may be all live (cold data, or a recovery's replay that
+    /// rewrote everything since the checkpoint), so cleaning them gains nothing and
+    /// the garbage lies further on.
     fn make_room(&mut self) -> Result<(), StoreError> {
         let reserve = RESERVE_SEGMENTS * SEGMENT_BLOCKS;
-        if self.room() > reserve {
-            return Ok(());
-        }
-        self.clean(u64::MAX, self.save_batch_segments())?;
-        if self.head_segment > self.durable_head_segment {
-            self.save()?;
+        let lap = self.disks.total_blocks() / SEGMENT_BLOCKS;
+        let first = self.head_segment;
+        while self.room() <= reserve && self.head_segment - first < lap {
+            let before = self.head_segment;
+            self.clean(u64::MAX, self.save_batch_segments())?;
+            if self.head_segment > self.durable_head_segment {
+                self.save()?;
+            }
+            if self.head_segment == before {
+                break;
+            }
         }
         if self.room() > reserve {
             return Ok(());
@@ -438,16 +460,28 @@ impl State {
             self.counters.reads_cache.fetch_add(1, Relaxed);
             return Ok(());
         }
+        let c = &self.counters;
+        self.read_blocks(position, out, [&c.reads_tail_disk, &c.reads_body_disk])
+    }
+
+    /// Whole blocks from the disks (written, not in the pending run), counted per
+    /// disk in `[tail's, body's]`: the reads a chain keeps off the tail disk.
+    fn read_blocks(
+        &self,
+        position: u64,
+        out: &mut [u8],
+        counters: [&AtomicU64; 2],
+    ) -> io::Result<()> {
+        let blocks = out.len() as u64 / BLOCK_BYTES;
         assert!(
-            position + (self.run.len() as u64 / BLOCK_BYTES) < self.tail,
-            "an unwritten block is in the cache"
+            position + blocks + (self.run.len() as u64 / BLOCK_BYTES) <= self.tail,
+            "an unwritten block is read from disk"
         );
+        // Striped, the "tail disk" is the one the next stripe unit goes to.
         let tail_disk = self.disks.place(self.tail).0;
-        let counter = match self.disks.place(position).0 == tail_disk {
-            true => &self.counters.reads_tail_disk,
-            false => &self.counters.reads_body_disk,
-        };
-        counter.fetch_add(1, Relaxed);
-        self.disks.read(position, out)
+        for (disk, blocks) in self.disks.read(position, out)? {
+            counters[(disk != tail_disk) as usize].fetch_add(blocks, Relaxed);
+        }
+        Ok(())
     }
 }

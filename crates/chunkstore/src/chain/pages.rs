@@ -6,14 +6,15 @@
 //! write-ahead log's replay then redoes every change since).
 //!
 //! ```text
-//! header   magic, disks, blocks per disk, head segment, tail position, chunk count
+//! header   magic (the layout's), disks, blocks per disk, head segment, tail position, chunk count
 //! chunks   (volume, index) per chunk that exists
 //! pages    per segment, SEGMENT_BLOCKS slots of (present, crc, volume, index, block)
 //! crc32c   of everything before
 //! ```
 
-use super::disks::SEGMENT_BLOCKS;
+use super::disks::{Disks, SEGMENT_BLOCKS};
 use super::map::{BlockKey, Maps};
+use super::placement::Layout;
 use crate::disk::{self, Disk};
 use crate::error::StoreError;
 use floe_protocol::ChunkId;
@@ -22,6 +23,8 @@ use std::path::Path;
 const MAP: &str = "chain.map";
 const MAP_NEW: &str = "chain.map.new";
 const MAGIC: &[u8; 8] = b"FLOECHN1";
+/// The striped (benchmark baseline) layout's maps: never opened as a chain's.
+const MAGIC_STRIPED: &[u8; 8] = b"FLOESTR1";
 const SLOT_BYTES: usize = 32;
 
 /// What a persisted map says about the chain.
@@ -38,6 +41,24 @@ pub(crate) struct Persisted {
 pub(crate) struct Geometry {
     pub(crate) disks: u64,
     pub(crate) blocks_per_disk: u64,
+    pub(crate) layout: Layout,
+}
+
+impl Geometry {
+    pub(crate) fn of(disks: &Disks) -> Geometry {
+        Geometry {
+            disks: disks.count() as u64,
+            blocks_per_disk: disks.blocks_per_disk(),
+            layout: disks.layout(),
+        }
+    }
+
+    fn magic(self) -> &'static [u8; 8] {
+        match self.layout {
+            Layout::Chained => MAGIC,
+            Layout::Striped => MAGIC_STRIPED,
+        }
+    }
 }
 
 pub(crate) fn save(
@@ -49,7 +70,7 @@ pub(crate) fn save(
     maps: &Maps,
 ) -> Result<(), StoreError> {
     let mut out = Vec::new();
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(geometry.magic());
     for n in [
         geometry.disks,
         geometry.blocks_per_disk,
@@ -99,7 +120,12 @@ pub(crate) fn load(
         return Ok(None);
     };
     let corrupt = |what: &str| StoreError::Io(format!("{}: {what}", path.display()));
-    if bytes.len() < 52 || &bytes[..8] != MAGIC {
+    let layout = match bytes.get(..8) {
+        Some(m) if m == MAGIC => Layout::Chained,
+        Some(m) if m == MAGIC_STRIPED => Layout::Striped,
+        _ => return Err(corrupt("not a chain map")),
+    };
+    if bytes.len() < 52 {
         return Err(corrupt("not a chain map"));
     }
     let (body, sum) = bytes.split_at(bytes.len() - 4);
@@ -111,12 +137,18 @@ pub(crate) fn load(
     let found = Geometry {
         disks: word(8),
         blocks_per_disk: word(16),
+        layout,
     };
     if found != geometry {
         return Err(corrupt(&format!(
-            "written for {} disks of {} blocks, opened with {} disks of {} blocks: \
+            "written for {} {:?} disks of {} blocks, opened with {} {:?} disks of {} blocks: \
              give the same --disk list and --disk-size",
-            found.disks, found.blocks_per_disk, geometry.disks, geometry.blocks_per_disk
+            found.disks,
+            found.layout,
+            found.blocks_per_disk,
+            geometry.disks,
+            geometry.layout,
+            geometry.blocks_per_disk
         )));
     }
     let head_segment = word(24);
@@ -174,6 +206,7 @@ mod tests {
     const GEOMETRY: Geometry = Geometry {
         disks: 2,
         blocks_per_disk: 2 * SEGMENT_BLOCKS,
+        layout: Layout::Chained,
     };
 
     fn key(block: u64) -> BlockKey {
@@ -241,5 +274,11 @@ mod tests {
         };
         let error = load(&*disk, dir, other).err().unwrap().to_string();
         assert!(error.contains("same --disk list"), "{error}");
+        let striped = Geometry {
+            layout: Layout::Striped,
+            ..GEOMETRY
+        };
+        let error = load(&*disk, dir, striped).err().unwrap().to_string();
+        assert!(error.contains("Chained"), "{error}");
     }
 }

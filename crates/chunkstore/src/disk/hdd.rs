@@ -1,6 +1,7 @@
-//! Emulated hard disk (an emulation, for measuring hybrid mode on machines with only
-//! ssds): [`HddDisk`] wraps another disk and makes every access to a chunk file or to
-//! the hdd's own journal take the service time a 7200 rpm disk would.
+//! Emulated hard disk (an emulation, for measuring hybrid mode and the chained log on
+//! machines with only ssds): [`HddDisk`] wraps another disk and makes every access to
+//! a chunk file or to the hdd's own journal (or, for a chain, to each disk's log, one
+//! emulated hdd per disk) take the service time a 7200 rpm disk would.
 //!
 //! The model: one head, so accesses are served one after another (first come, first
 //! served); a seek whose time grows with the square root of the distance from the
@@ -29,6 +30,12 @@ const SEEK_FULL_STROKE: Duration = Duration::from_millis(8);
 /// One revolution at 7200 rpm.
 const ROTATION: Duration = Duration::from_micros(8333);
 const TRANSFER_BYTES_PER_SECOND: u64 = 150_000_000;
+/// A chain disk's writes are write-behind (the page cache: the write-ahead log on
+/// flash already holds the data): a writer waits only for what is queued beyond
+/// this much of the disk's time. Its reads go ahead of that backlog, as Linux's
+/// mq-deadline serves reads first on an hdd: the read's seek there and back delays
+/// every queued write.
+const CHAIN_WRITE_BEHIND: Duration = Duration::from_millis(100);
 
 /// Where `offset` of `chunk` lies on the emulated device: the chunk's slot (a hash of
 /// its id) times the chunk size, plus the offset.
@@ -68,6 +75,8 @@ struct Head {
     position: u64,
     /// When the last reserved access completes.
     busy_until: Instant,
+    /// When the last read served ahead of queued writes completes.
+    reads_until: Instant,
     /// Rotational latency generator state.
     random: u64,
     /// When a foreground (not replay) access last completed.
@@ -86,6 +95,7 @@ impl Default for Hdd {
             head: Mutex::new(Head {
                 position: 0,
                 busy_until: now,
+                reads_until: now,
                 random: 1,
                 foreground_until: now,
             }),
@@ -107,6 +117,29 @@ impl Hdd {
             head.foreground_until = head.busy_until;
         }
         head.busy_until
+    }
+
+    /// Reserves a read that goes ahead of queued writes (see [`CHAIN_WRITE_BEHIND`]):
+    /// served after the reads before it, it pushes the queued writes back by its own
+    /// time and the seek back to where they continue; returns when it completes.
+    fn reserve_read_first(&self, position: u64, length: u64) -> Instant {
+        let now = Instant::now();
+        let mut head = self.head.lock().unwrap();
+        if head.busy_until <= now {
+            drop(head);
+            let done = self.reserve(position, length, true);
+            self.head.lock().unwrap().reads_until = done;
+            return done;
+        }
+        head.random = splitmix64(head.random);
+        let there = service_time(head.position, position, length, head.random);
+        head.random = splitmix64(head.random);
+        let back = service_time(position + length, head.position, 0, head.random);
+        let done = head.reads_until.max(now) + there;
+        head.reads_until = done;
+        head.busy_until += there + back;
+        head.foreground_until = head.busy_until;
+        done
     }
 
     /// True when no foreground access ran in the last `quiet`.
@@ -138,29 +171,60 @@ pub(crate) fn take_paced_until() -> Option<Instant> {
     PACED_UNTIL.take()
 }
 
-/// A disk whose chunk files and own journal (in `data_dir`) lie on an emulated hdd;
-/// every other file (the log, the meta file, ssd journals) is left as is.
+/// A disk whose chunk files and own journal (in `data_dir`) lie on an emulated hdd,
+/// or whose chain disks' logs each lie on their own; every other file (the log, the
+/// meta file, ssd journals, the chain's saved map) is left as is.
 pub struct HddDisk {
     inner: Arc<dyn Disk>,
-    hdd: Arc<Hdd>,
-    data_dir: PathBuf,
+    devices: Devices,
+}
+
+enum Devices {
+    /// The files engine: one hdd under the data directory's chunk files.
+    Chunks { hdd: Arc<Hdd>, data_dir: PathBuf },
+    /// The chained log: each disk directory's log on its own hdd, from its start.
+    Chain(Vec<(PathBuf, Arc<Hdd>)>),
 }
 
 impl HddDisk {
     pub fn new(inner: Arc<dyn Disk>, hdd: Arc<Hdd>, data_dir: &Path) -> HddDisk {
         HddDisk {
             inner,
-            hdd,
-            data_dir: data_dir.to_path_buf(),
+            devices: Devices::Chunks {
+                hdd,
+                data_dir: data_dir.to_path_buf(),
+            },
         }
     }
 
-    /// Where byte 0 of the file at `path` lies on the emulated device, if on it.
-    fn place(&self, path: &Path) -> Option<u64> {
-        if path == self.data_dir.join(layout::LOCAL_JOURNAL) {
-            return Some(JOURNAL_POSITION);
+    /// A chain's disks, one emulated hdd each.
+    pub(crate) fn chain(inner: Arc<dyn Disk>, disk_dirs: &[PathBuf]) -> HddDisk {
+        let hdds = disk_dirs
+            .iter()
+            .map(|dir| (dir.join(crate::chain::LOG_FILE), Arc::new(Hdd::default())))
+            .collect();
+        HddDisk {
+            inner,
+            devices: Devices::Chain(hdds),
         }
-        layout::chunk_of(&self.data_dir, path).map(|chunk| device_position(chunk, 0))
+    }
+
+    /// The hdd the file at `path` lies on, where its byte 0 is and whether it is a
+    /// chain disk's log (writes behind, reads first), if on one.
+    fn place(&self, path: &Path) -> Option<(Arc<Hdd>, u64, bool)> {
+        match &self.devices {
+            Devices::Chunks { hdd, data_dir } => {
+                if path == data_dir.join(layout::LOCAL_JOURNAL) {
+                    return Some((hdd.clone(), JOURNAL_POSITION, false));
+                }
+                layout::chunk_of(data_dir, path)
+                    .map(|chunk| (hdd.clone(), device_position(chunk, 0), false))
+            }
+            Devices::Chain(logs) => logs
+                .iter()
+                .find(|(log, _)| log == path)
+                .map(|(_, hdd)| (hdd.clone(), 0, true)),
+        }
     }
 }
 
@@ -168,10 +232,11 @@ impl Disk for HddDisk {
     fn open(&self, path: &Path, create: bool) -> io::Result<FileRef> {
         let file = self.inner.open(path, create)?;
         Ok(match self.place(path) {
-            Some(base) => Arc::new(HddFile {
+            Some((hdd, base, chain_log)) => Arc::new(HddFile {
                 inner: file,
-                hdd: self.hdd.clone(),
+                hdd,
                 base,
+                chain_log,
             }),
             None => file,
         })
@@ -219,27 +284,47 @@ struct HddFile {
     hdd: Arc<Hdd>,
     /// Device position of the file's byte 0.
     base: u64,
+    /// A chain disk's log: writes behind, reads first ([`CHAIN_WRITE_BEHIND`]).
+    chain_log: bool,
 }
 
 impl HddFile {
+    /// The thread will wait until `until` (see [`take_paced_until`]).
+    fn wait(until: Instant) {
+        PACED_UNTIL.set(PACED_UNTIL.get().max(Some(until)));
+    }
+
     fn pace(&self, offset: u64, length: u64) {
         let done = self
             .hdd
             .reserve(self.base + offset, length, !BACKGROUND.get());
-        PACED_UNTIL.set(PACED_UNTIL.get().max(Some(done)));
+        HddFile::wait(done);
     }
 }
 
 impl DiskFile for HddFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         let read = self.inner.read_at(buf, offset)?;
-        self.pace(offset, buf.len() as u64);
+        match self.chain_log {
+            true => HddFile::wait(
+                self.hdd
+                    .reserve_read_first(self.base + offset, buf.len() as u64),
+            ),
+            false => self.pace(offset, buf.len() as u64),
+        }
         Ok(read)
     }
 
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.inner.write_all_at(data, offset)?;
-        self.pace(offset, data.len() as u64);
+        let done = self
+            .hdd
+            .reserve(self.base + offset, data.len() as u64, !BACKGROUND.get());
+        let behind = match self.chain_log {
+            true => CHAIN_WRITE_BEHIND,
+            false => Duration::ZERO,
+        };
+        HddFile::wait(done.checked_sub(behind).unwrap_or(done));
         Ok(())
     }
 
@@ -348,5 +433,23 @@ mod tests {
         let first = hdd.reserve(0, 1 << 20, true);
         let second = hdd.reserve(1 << 20, 1 << 20, false);
         assert_eq!(second - first, service_time(0, 0, 1 << 20, 0));
+    }
+
+    /// A chain disk's read goes ahead of a write backlog and pushes it back by the
+    /// read's time and the seek back.
+    #[test]
+    fn a_read_goes_ahead_of_queued_writes_and_delays_them() {
+        let hdd = Hdd::default();
+        let backlog = hdd.reserve(0, 150 << 20, true); // a second of writes
+        let read = hdd.reserve_read_first(DEVICE_BYTES / 2, 4096);
+        assert!(read < backlog, "the read waited for the writes");
+        let busy = hdd.head.lock().unwrap().busy_until;
+        assert!(
+            busy > backlog + SEEK_TRACK_TO_TRACK * 2,
+            "the writes were not delayed"
+        );
+        // The writes go on where they were: the next one is sequential to them.
+        let next = hdd.reserve(150 << 20, 1 << 20, true);
+        assert_eq!(next - busy, service_time(0, 0, 1 << 20, 0));
     }
 }
