@@ -1,12 +1,14 @@
 //! `floe kv`: the transactional key-value store (`floe_isotope::kv`) on a volume this
-//! process opens for transactions (taking its lease), one transaction per command;
-//! and `floe kv bank`, the bank-transfer workload the crash tests kill.
+//! process opens for transactions (taking its lease), or through the gateway that
+//! holds it (`--gateway`, `floe_isotope::remote`), one transaction per command; and
+//! `floe kv bank`, the bank-transfer workload the crash tests kill.
 
 use crate::views::{self, Format};
 use clap::Subcommand;
 use floe_client::master::MasterClient;
 use floe_isotope::kv::Kv;
-use floe_isotope::{Isolation, Outcome, TxVolume};
+use floe_isotope::remote::RemoteVolume;
+use floe_isotope::{Blocks, Isolation, Outcome, Transactions};
 use serde::Serialize;
 use std::io::Write;
 use std::sync::Arc;
@@ -22,6 +24,10 @@ pub struct Target {
     /// (snapshot isolation).
     #[arg(long, default_value = "ss")]
     isolation: Isolation,
+    /// Run the transactions in the gateway serving them at ADDR (its --tx-listen),
+    /// which holds the volume, instead of opening the volume here.
+    #[arg(long, value_name = "ADDR")]
+    gateway: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -147,7 +153,6 @@ fn text(bytes: &[u8]) -> String {
 }
 
 pub async fn run(master: &str, command: KvCommand) -> Result<(), String> {
-    let master = Arc::new(MasterClient::new(master));
     let (KvCommand::Put { target, .. }
     | KvCommand::Get { target, .. }
     | KvCommand::Del { target, .. }
@@ -155,15 +160,31 @@ pub async fn run(master: &str, command: KvCommand) -> Result<(), String> {
     | KvCommand::Bank { target, .. }
     | KvCommand::Bench { target, .. }) = &command;
     let name = target.volume.clone();
-    let volume = floe_isotope::open(master, &name, "floe kv", target.isolation).await?;
-    let done = execute(&volume, &name, command).await;
+    let isolation = target.isolation;
+    if let Some(gateway) = &target.gateway {
+        let volume = RemoteVolume::connect(gateway, &name).await?;
+        return execute(&volume, isolation, None, &name, command).await;
+    }
+    let master = Arc::new(MasterClient::new(master));
+    let volume = floe_isotope::open(master, &name, "floe kv", isolation).await?;
+    let device = volume.device();
+    let done = execute(&volume, isolation, Some(device), &name, command).await;
     drop(volume);
     tokio::time::sleep(RELEASE_WAIT).await;
     done
 }
 
-async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<(), String> {
+/// Runs `command` on `volume` (here or through a gateway; `device`: the volume
+/// below, when here).
+async fn execute<V: Transactions>(
+    volume: &V,
+    isolation: Isolation,
+    device: Option<Arc<dyn floe_blockdev::BlockDevice>>,
+    name: &str,
+    command: KvCommand,
+) -> Result<(), String> {
     let blocks = volume.data_blocks();
+    let volume = &Isolated { volume, isolation };
     match command {
         KvCommand::Put {
             key, value, format, ..
@@ -272,25 +293,25 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
             Ok(())
         }
         KvCommand::Bench {
-            target,
             engine,
             clients,
             keys,
             zipf,
             seconds,
+            ..
         } => {
             if !(zipf >= 0.0 && zipf.is_finite()) {
                 return Err(format!("--zipf {zipf}: the exponent is 0 or more"));
             }
             let options = crate::kv_bench::Options {
                 engine,
-                isolation: target.isolation,
+                isolation,
                 clients,
                 keys,
                 skew: zipf,
                 duration: Duration::from_secs(seconds),
             };
-            crate::kv_bench::run(volume, name, options).await
+            crate::kv_bench::run(volume, device, name, options).await
         }
         KvCommand::Bank {
             accounts,
@@ -302,17 +323,55 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
     }
 }
 
-/// Runs `body` in a new transaction and commits it, again on a conflict; returns the
-/// commit's version and what `body` returned.
-pub async fn retried<T, F, Fut>(volume: &TxVolume, name: &str, body: F) -> Result<(u64, T), String>
+/// A volume whose transactions begin with the command's isolation.
+pub struct Isolated<'v, V> {
+    pub volume: &'v V,
+    pub isolation: Isolation,
+}
+
+impl<V: Transactions> Isolated<'_, V> {
+    pub async fn begin(&self) -> Result<V::Tx, floe_isotope::TxError> {
+        self.volume.begin_with(Some(self.isolation)).await
+    }
+
+    pub fn data_blocks(&self) -> u64 {
+        self.volume.data_blocks()
+    }
+}
+
+/// Runs `body` in a new transaction and commits it, again on a conflict (at most
+/// [`CONFLICT_RETRIES`] times); returns the commit's version and what `body`
+/// returned.
+pub async fn retried<V, T, F, Fut>(
+    volume: &Isolated<'_, V>,
+    name: &str,
+    body: F,
+) -> Result<(u64, T), String>
 where
-    F: Fn(floe_isotope::Transaction) -> Fut,
-    Fut: std::future::Future<
-        Output = Result<(floe_isotope::Transaction, T), floe_isotope::kv::KvError>,
-    >,
+    V: Transactions,
+    F: Fn(V::Tx) -> Fut,
+    Fut: std::future::Future<Output = Result<(V::Tx, T), floe_isotope::kv::KvError>>,
 {
-    for _ in 0..CONFLICT_RETRIES {
-        let tx = volume.begin().map_err(|e| format!("volume {name}: {e}"))?;
+    retried_up_to(volume, name, CONFLICT_RETRIES, body).await
+}
+
+/// [`retried`], at most `retries` times.
+pub async fn retried_up_to<V, T, F, Fut>(
+    volume: &Isolated<'_, V>,
+    name: &str,
+    retries: usize,
+    body: F,
+) -> Result<(u64, T), String>
+where
+    V: Transactions,
+    F: Fn(V::Tx) -> Fut,
+    Fut: std::future::Future<Output = Result<(V::Tx, T), floe_isotope::kv::KvError>>,
+{
+    for _ in 0..retries {
+        let tx = volume
+            .begin()
+            .await
+            .map_err(|e| format!("volume {name}: {e}"))?;
         let (tx, out) = body(tx).await.map_err(|e| format!("volume {name}: {e}"))?;
         match tx
             .commit()
@@ -324,7 +383,7 @@ where
         }
     }
     Err(format!(
-        "volume {name}: {CONFLICT_RETRIES} conflicts in a row; try again"
+        "volume {name}: {retries} conflicts in a row; try again"
     ))
 }
 

@@ -207,6 +207,11 @@ enum Command {
         /// are otherwise made to start TLS; without, refused).
         #[arg(long)]
         nbd_allow_plain: bool,
+        /// Address to serve block transactions on (`floe kv --gateway ADDR`), for
+        /// clients with admin or client certificates (and --nbd-access's rw). A
+        /// volume in use by transactions is not exported over NBD meanwhile.
+        #[arg(long, conflicts_with = "read_only")]
+        tx_listen: Option<String>,
         #[command(flatten)]
         metrics: metrics::MetricsArgs,
     },
@@ -757,6 +762,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             nbd_access,
             nbd_psk,
             nbd_allow_plain,
+            tx_listen,
             metrics,
         } => {
             floe_gateway::upgrade::remember_executable();
@@ -775,6 +781,10 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 }
                 None => (bind(&listen).await?, Vec::new()),
             };
+            let tx_listener = match &tx_listen {
+                Some(address) => Some(bind(address).await?),
+                None => None,
+            };
             let options = floe_gateway::Options {
                 name: name.unwrap_or_else(|| default_gateway_name(&listen)),
                 read_only,
@@ -783,6 +793,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 access,
                 psk,
                 allow_plain: nbd_allow_plain,
+                tx_listener,
             };
             floe_gateway::run(listener, resumed, &cli.master, options, gateway_signal).await;
             Ok(())
