@@ -14,14 +14,14 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-const ACCOUNTS: u64 = 12;
+pub(crate) const ACCOUNTS: u64 = 12;
 const INITIAL: u64 = 1000;
 /// Bounds only a hung workload, however busy the machine.
-const FIRST_TRANSFERS_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const FIRST_TRANSFERS_TIMEOUT: Duration = Duration::from_secs(90);
 /// Opening a volume whose holder was killed waits out its lease (5 s term).
 const REOPEN_TRIES: usize = 4;
 
-fn kv(cluster: &Cluster, args: &[&str]) -> String {
+pub(crate) fn kv(cluster: &Cluster, args: &[&str]) -> String {
     // The previous holder's lease may still be running out: try again.
     for _ in 1..REOPEN_TRIES {
         let out = floe_output(cluster, &[&["kv"], args].concat());
@@ -60,7 +60,7 @@ fn bank(cluster: &Cluster, ledger: &Path) -> Child {
         .expect("floe kv bank starts")
 }
 
-fn ledger_lines(ledger: &Path) -> usize {
+pub(crate) fn ledger_lines(ledger: &Path) -> usize {
     std::fs::read_to_string(ledger)
         .unwrap_or_default()
         .lines()
@@ -73,7 +73,12 @@ fn ledger_lines(ledger: &Path) -> usize {
 /// the last acknowledged transfer that touched it (or a later one), with the balance
 /// the ledger says. Returns the counter.
 fn check_bank(cluster: &Cluster, ledger: &Path, context: &str) -> u64 {
-    let scan = kv_json(cluster, &["scan", "--volume", "bank"]);
+    check_bank_via(cluster, &[], ledger, context)
+}
+
+/// [`check_bank`], `floe kv` given `via` (`--gateway ADDR`).
+pub(crate) fn check_bank_via(cluster: &Cluster, via: &[&str], ledger: &Path, context: &str) -> u64 {
+    let scan = kv_json(cluster, &[&["scan", "--volume", "bank"], via].concat());
     let mut accounts = BTreeMap::new();
     let mut count = None;
     for pair in scan["pairs"].as_array().expect("pairs") {
