@@ -5,7 +5,7 @@
 //! acknowledged transfer left, so a checker can prove each acknowledged transfer
 //! present and none partial.
 
-use crate::kv::{append_line, retried_up_to, Isolated, BANK_INITIAL};
+use crate::kv::{append_line, retried, Isolated, BANK_INITIAL};
 use floe_isotope::kv::Kv;
 use floe_isotope::Transactions;
 use std::path::Path;
@@ -44,7 +44,7 @@ pub async fn run<V: Transactions>(
         return Err("a bank needs two accounts or more".into());
     }
     let blocks = volume.data_blocks();
-    retried_up_to(volume, name, TRANSFER_RETRIES, |mut tx| async move {
+    retried(volume, name, TRANSFER_RETRIES, |mut tx| async move {
         let mut kv = Kv::attach(&mut tx, blocks).await?;
         if kv.get(COUNT_KEY).await?.is_none() {
             for a in 0..accounts {
@@ -74,7 +74,7 @@ pub async fn run<V: Transactions>(
                 let (from, to) = pick(&mut rng, accounts);
                 let amount_seed = next(&mut rng);
                 let retries = TRANSFER_RETRIES;
-                let (_, line) = retried_up_to(volume, name, retries, |mut tx| async move {
+                let (_, line) = retried(volume, name, retries, |mut tx| async move {
                     let mut kv = Kv::attach(&mut tx, blocks).await?;
                     let count = kv.get(COUNT_KEY).await?.expect("a bank has a counter");
                     let id = String::from_utf8_lossy(&count)

@@ -3,10 +3,10 @@
 //! holds it (`--gateway`, `floe_isotope::remote`), one transaction per command; and
 //! `floe kv bank`, the bank-transfer workload the crash tests kill.
 
+use crate::kv_index::{Index, Store, StoreError};
 use crate::views::{self, Format};
 use clap::Subcommand;
 use floe_client::master::MasterClient;
-use floe_isotope::kv::Kv;
 use floe_isotope::remote::RemoteVolume;
 use floe_isotope::{Blocks, Isolation, Outcome, Transactions};
 use serde::Serialize;
@@ -28,6 +28,10 @@ pub struct Target {
     /// which holds the volume, instead of opening the volume here.
     #[arg(long, value_name = "ADDR")]
     gateway: Option<String>,
+    /// The structure holding the pairs: hash (the hash table) or btree (the B-tree:
+    /// keys in order). bank and bench run on the hash table.
+    #[arg(long, value_enum, default_value = "hash")]
+    index: Index,
 }
 
 #[derive(Subcommand)]
@@ -121,7 +125,7 @@ pub enum KvCommand {
 
 /// Retries of a command's transaction that met a conflict (another process can't
 /// hold the lease, but `bank` clients of this one can).
-const CONFLICT_RETRIES: usize = 20;
+pub const CONFLICT_RETRIES: usize = 20;
 /// Initial balance of each `bank` account.
 pub const BANK_INITIAL: u64 = 1000;
 /// How long the command lets its lease's release reach the master before it exits,
@@ -161,14 +165,18 @@ pub async fn run(master: &str, command: KvCommand) -> Result<(), String> {
     | KvCommand::Bench { target, .. }) = &command;
     let name = target.volume.clone();
     let isolation = target.isolation;
+    let index = target.index;
+    if index != Index::Hash && matches!(command, KvCommand::Bank { .. } | KvCommand::Bench { .. }) {
+        return Err("bank and bench run on the hash table (--index hash)".into());
+    }
     if let Some(gateway) = &target.gateway {
         let volume = RemoteVolume::connect(gateway, &name).await?;
-        return execute(&volume, isolation, None, &name, command).await;
+        return execute(&volume, isolation, index, None, &name, command).await;
     }
     let master = Arc::new(MasterClient::new(master));
     let volume = floe_isotope::open(master, &name, "floe kv", isolation).await?;
     let device = volume.device();
-    let done = execute(&volume, isolation, Some(device), &name, command).await;
+    let done = execute(&volume, isolation, index, Some(device), &name, command).await;
     drop(volume);
     tokio::time::sleep(RELEASE_WAIT).await;
     done
@@ -179,6 +187,7 @@ pub async fn run(master: &str, command: KvCommand) -> Result<(), String> {
 async fn execute<V: Transactions>(
     volume: &V,
     isolation: Isolation,
+    index: Index,
     device: Option<Arc<dyn floe_blockdev::BlockDevice>>,
     name: &str,
     command: KvCommand,
@@ -189,11 +198,11 @@ async fn execute<V: Transactions>(
         KvCommand::Put {
             key, value, format, ..
         } => {
-            let version = retried(volume, name, |mut tx| {
+            let version = retried(volume, name, CONFLICT_RETRIES, |mut tx| {
                 let (key, value) = (key.clone(), value.clone());
                 async move {
-                    let mut kv = Kv::attach(&mut tx, blocks).await?;
-                    kv.put(key.as_bytes(), value.as_bytes()).await?;
+                    let mut store = Store::attach(index, &mut tx, blocks).await?;
+                    store.put(key.as_bytes(), value.as_bytes()).await?;
                     Ok((tx, ()))
                 }
             })
@@ -212,10 +221,10 @@ async fn execute<V: Transactions>(
             }
         }
         KvCommand::Del { key, format, .. } => {
-            let (version, existed) = retried(volume, name, |mut tx| {
+            let (version, existed) = retried(volume, name, CONFLICT_RETRIES, |mut tx| {
                 let key = key.clone();
                 async move {
-                    let existed = Kv::attach(&mut tx, blocks)
+                    let existed = Store::attach(index, &mut tx, blocks)
                         .await?
                         .delete(key.as_bytes())
                         .await?;
@@ -237,10 +246,10 @@ async fn execute<V: Transactions>(
             }
         }
         KvCommand::Get { key, format, .. } => {
-            let (_, value) = retried(volume, name, |mut tx| {
+            let (_, value) = retried(volume, name, CONFLICT_RETRIES, |mut tx| {
                 let key = key.clone();
                 async move {
-                    let value = Kv::attach(&mut tx, blocks)
+                    let value = Store::attach(index, &mut tx, blocks)
                         .await?
                         .get(key.as_bytes())
                         .await?;
@@ -259,10 +268,10 @@ async fn execute<V: Transactions>(
             }
         }
         KvCommand::Scan { prefix, format, .. } => {
-            let (_, pairs) = retried(volume, name, |mut tx| {
+            let (_, pairs) = retried(volume, name, CONFLICT_RETRIES, |mut tx| {
                 let prefix = prefix.clone();
                 async move {
-                    let pairs = Kv::attach(&mut tx, blocks)
+                    let pairs = Store::attach(index, &mut tx, blocks)
                         .await?
                         .scan(prefix.as_bytes())
                         .await?;
@@ -340,23 +349,8 @@ impl<V: Transactions> Isolated<'_, V> {
 }
 
 /// Runs `body` in a new transaction and commits it, again on a conflict (at most
-/// [`CONFLICT_RETRIES`] times); returns the commit's version and what `body`
-/// returned.
+/// `retries` times); returns the commit's version and what `body` returned.
 pub async fn retried<V, T, F, Fut>(
-    volume: &Isolated<'_, V>,
-    name: &str,
-    body: F,
-) -> Result<(u64, T), String>
-where
-    V: Transactions,
-    F: Fn(V::Tx) -> Fut,
-    Fut: std::future::Future<Output = Result<(V::Tx, T), floe_isotope::kv::KvError>>,
-{
-    retried_up_to(volume, name, CONFLICT_RETRIES, body).await
-}
-
-/// [`retried`], at most `retries` times.
-pub async fn retried_up_to<V, T, F, Fut>(
     volume: &Isolated<'_, V>,
     name: &str,
     retries: usize,
@@ -365,7 +359,7 @@ pub async fn retried_up_to<V, T, F, Fut>(
 where
     V: Transactions,
     F: Fn(V::Tx) -> Fut,
-    Fut: std::future::Future<Output = Result<(V::Tx, T), floe_isotope::kv::KvError>>,
+    Fut: std::future::Future<Output = Result<(V::Tx, T), StoreError>>,
 {
     for _ in 0..retries {
         let tx = volume

@@ -9,6 +9,7 @@ mod engine;
 mod gateway_upgrade;
 mod kv;
 mod kv_bench;
+mod kv_index;
 mod metrics;
 mod placement;
 mod progress;

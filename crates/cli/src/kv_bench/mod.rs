@@ -8,7 +8,7 @@ mod keys;
 mod locked;
 
 use crate::bank::seed_now;
-use crate::kv::{retried, Isolated};
+use crate::kv::{retried, Isolated, CONFLICT_RETRIES};
 use floe_blockdev::BlockDevice;
 use floe_isotope::kv::Kv;
 use floe_isotope::{Blocks, Isolation, Outcome, Transactions};
@@ -62,7 +62,7 @@ pub async fn run<V: Transactions>(
     let keys = options.keys.max(2);
     let blocks = volume.data_blocks();
     for chunk in (0..keys as u64).collect::<Vec<_>>().chunks(100) {
-        retried(volume, name, |mut tx| async move {
+        retried(volume, name, CONFLICT_RETRIES, |mut tx| async move {
             let mut kv = Kv::attach(&mut tx, blocks).await?;
             for k in chunk {
                 kv.put(key(*k).as_bytes(), b"0").await?;

@@ -12,7 +12,9 @@ use crate::cluster::{free_ports, nbdsh, ok, output, Cluster, Spawned, FLOE};
 use crate::fencing::signal;
 use crate::io_helpers::{text, wait_for_file, wait_until};
 use crate::nbd_raw::wait_for_nbd_server;
-use crate::transactions::{check_bank_via, ledger_lines, ACCOUNTS, FIRST_TRANSFERS_TIMEOUT};
+use crate::transactions::{
+    check_bank_via, ledger_lines, start_with_bank_volume, ACCOUNTS, FIRST_TRANSFERS_TIMEOUT,
+};
 use bytes::Bytes;
 use floe_isotope::remote::RemoteVolume;
 use floe_isotope::{Blocks, Outcome, Transactions};
@@ -64,12 +66,6 @@ fn bank(cluster: &Cluster, gateway: &str, ledger: &Path, transfers: Option<&str>
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     command.spawn().expect("floe kv bank starts")
-}
-
-fn start_with_bank_volume(dir: &Path) -> Cluster {
-    let cluster = Cluster::start(dir);
-    cluster.floe(&["volume", "create", "bank", "--size", "64M"]);
-    cluster
 }
 
 #[test]

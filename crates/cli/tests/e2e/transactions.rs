@@ -150,7 +150,7 @@ pub(crate) fn check_bank_via(cluster: &Cluster, via: &[&str], ledger: &Path, con
     count
 }
 
-fn start_with_bank_volume(dir: &Path) -> Cluster {
+pub(crate) fn start_with_bank_volume(dir: &Path) -> Cluster {
     let cluster = Cluster::start(dir);
     cluster.floe(&["volume", "create", "bank", "--size", "64M"]);
     cluster
@@ -308,5 +308,53 @@ fn a_commit_after_the_lease_moved_is_refused_with_nothing_applied() {
         check_bank(&cluster, &ledger, "after"),
         counter,
         "a commit was applied after the lease moved"
+    );
+}
+
+#[test]
+fn kv_commands_on_the_btree_index_keep_keys_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path());
+    cluster.floe(&["volume", "create", "tree", "--size", "64M"]);
+    fn on_tree<'a>(args: &[&'a str]) -> Vec<&'a str> {
+        [args, &["--volume", "tree", "--index", "btree"]].concat()
+    }
+    // More keys than one node holds (41), so the tree splits.
+    let keys: Vec<String> = (0..60).rev().map(|i| format!("k/{i:03}")).collect();
+    for key in &keys {
+        kv(&cluster, &on_tree(&["put", key, &format!("v{key}")]));
+    }
+    kv(&cluster, &on_tree(&["put", "other", "x"]));
+    assert_eq!(kv(&cluster, &on_tree(&["get", "k/007"])), "vk/007\n");
+    let deleted = kv_json(&cluster, &on_tree(&["del", "k/010"]));
+    assert_eq!(deleted["changed"], true, "{deleted}");
+    let scan = kv_json(&cluster, &on_tree(&["scan", "--prefix", "k/"]));
+    let scanned: Vec<&str> = scan["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["key"].as_str().unwrap())
+        .collect();
+    let mut expected: Vec<&str> = keys.iter().map(String::as_str).collect();
+    expected.retain(|k| *k != "k/010");
+    expected.sort();
+    assert_eq!(scanned, expected);
+    // The hash table's commands refuse the tree, and the reverse.
+    let out = floe_output(&cluster, &["kv", "get", "--volume", "tree", "k/001"]);
+    assert!(
+        !out.status.success() && text(&out).contains("no key-value table"),
+        "{}",
+        text(&out)
+    );
+    cluster.floe(&["volume", "create", "hash", "--size", "64M"]);
+    kv(&cluster, &["put", "--volume", "hash", "a", "b"]);
+    let out = floe_output(
+        &cluster,
+        &["kv", "get", "--volume", "hash", "--index", "btree", "a"],
+    );
+    assert!(
+        !out.status.success() && text(&out).contains("no B-tree"),
+        "{}",
+        text(&out)
     );
 }
