@@ -114,6 +114,10 @@ enum Command {
         /// 111 lets clients that ask the portmapper (QEMU's nfs driver) find it.
         #[arg(long)]
         nfs_port: Option<u16>,
+        /// Also serve block transactions from the gateway on this port of 127.0.0.1
+        /// (`floe kv --gateway 127.0.0.1:PORT`).
+        #[arg(long)]
+        tx_port: Option<u16>,
     },
     /// Run the master.
     Master {
@@ -631,6 +635,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             engine,
             disk_size,
             nfs_port,
+            tx_port,
         } => {
             demo::run(demo::Options {
                 dir,
@@ -648,6 +653,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 no_metrics,
                 chain_disk_bytes: (engine == engine::Engine::Log).then_some(disk_size),
                 nfs_port,
+                tx_port,
             })
             .await
         }

@@ -34,8 +34,9 @@ const CLIENT_EXIT_LIMIT: Duration = Duration::from_secs(30);
 /// Where the data blocks start: the transaction log takes the volume's first 16 MiB.
 const DATA_OFFSET: u64 = 16 << 20;
 
-/// `floe gateway --name NAME` serving NBD on `port` and transactions on `port + 1`,
-/// logging to DIR/NAME.log; the transaction address.
+/// `floe gateway --name NAME` serving NBD on `port` and transactions on `port + 1`
+/// (with the demo's gateway certificate when the cluster runs TLS), logging to
+/// DIR/NAME.log; the transaction address.
 fn gateway(cluster: &Cluster, dir: &Path, name: &str, port: u16) -> (Spawned, String) {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -43,8 +44,9 @@ fn gateway(cluster: &Cluster, dir: &Path, name: &str, port: u16) -> (Spawned, St
         .open(dir.join(format!("{name}.log")))
         .unwrap();
     let tx_address = format!("127.0.0.1:{}", port + 1);
-    let child = Command::new(FLOE)
-        .args(["--master", &cluster.info.master, "gateway", "--name", name])
+    let child = cluster
+        .command_as("gateway")
+        .args(["gateway", "--name", name])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--tx-listen", &tx_address, "--metrics-listen", "off"])
         .stderr(log)
@@ -288,4 +290,47 @@ fn gateway_transactions_refuse_bad_input_a_moved_lease_and_nbd_clients() {
     });
     assert!(block_reads(&nbd_b, 2, 0xa2));
     assert!(block_reads(&nbd_b, 4, 0), "the refused commit was applied");
+}
+
+#[test]
+fn gateway_transactions_take_the_clusters_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start_tls(dir.path());
+    cluster.floe(&["volume", "create", "kv", "--size", "64M"]);
+    let (_gateway, address) = gateway(&cluster, work.path(), "tls", free_ports());
+    let put = [
+        "kv",
+        "put",
+        "--volume",
+        "kv",
+        "--gateway",
+        &address,
+        "k",
+        "v",
+    ];
+    ok(cluster.command_as("admin").args(put));
+    let get = ["kv", "get", "--volume", "kv", "--gateway", &address, "k"];
+    assert_eq!(ok(cluster.command_as("admin").args(get)), "v\n");
+    // A process of the cluster that is no client, and one without a certificate.
+    let out = output(cluster.command_as("chunkserver-0").args(get));
+    assert!(
+        !out.status.success() && text(&out).contains("runs no transactions"),
+        "{}",
+        text(&out)
+    );
+    let out = output(
+        Command::new(FLOE)
+            .args(["--master", &cluster.info.master])
+            .args(get),
+    );
+    assert!(
+        !out.status.success() && text(&out).contains("--ca and --cert"),
+        "{}",
+        text(&out)
+    );
+    eprintln!(
+        "remote_transactions: without a certificate: {}",
+        text(&out).trim_end()
+    );
 }
