@@ -133,7 +133,12 @@ impl RemoteTransaction {
     }
 
     async fn buffer(&mut self, change: TxChange) -> Result<(), TxError> {
-        assert!(!self.ended, "a remote transaction in use is not ended");
+        if self.ended {
+            return Err(TxError::Remote(format!(
+                "transaction {} was ended by the gateway's earlier answer",
+                self.tx
+            )));
+        }
         self.buffered_bytes += change.encoded_bytes();
         self.changes.push(change);
         if self.buffered_bytes >= BUFFER_BYTES_MAX || self.changes.len() == wire::CHANGES_MAX {

@@ -13,13 +13,13 @@ use crate::fencing::signal;
 use crate::io_helpers::{text, wait_for_file, wait_until};
 use crate::nbd_raw::wait_for_nbd_server;
 use crate::transactions::{
-    check_bank_via, ledger_lines, start_with_bank_volume, ACCOUNTS, FIRST_TRANSFERS_TIMEOUT,
+    check_bank_via, kill_rounds, ledger_lines, start_with_bank_volume, ACCOUNTS,
+    FIRST_TRANSFERS_TIMEOUT,
 };
 use bytes::Bytes;
 use floe_isotope::remote::RemoteVolume;
 use floe_isotope::{Blocks, Outcome, Transactions};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -72,11 +72,7 @@ fn bank(cluster: &Cluster, gateway: &str, ledger: &Path, transfers: Option<&str>
 
 #[test]
 fn bank_clients_through_a_gateway_keep_the_invariant_through_kill_9_of_the_gateway() {
-    let rounds: u32 = std::env::var("FLOE_KV_ROUNDS").map_or(3, |r| r.parse().unwrap());
-    let seed: u64 =
-        std::env::var("FLOE_KV_SEED").map_or_else(|_| rand::random(), |s| s.parse().unwrap());
-    eprintln!("remote_transactions: seed {seed} (FLOE_KV_SEED={seed} repeats this run's choices)");
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (rounds, mut rng) = kill_rounds("remote_transactions");
     let dir = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let ledger = work.path().join("ledger");

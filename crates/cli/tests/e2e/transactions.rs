@@ -236,13 +236,19 @@ fn kv_commands_work_on_the_demo_and_refuse_clearly() {
     drop(client);
 }
 
-#[test]
-fn bank_transfers_are_all_or_nothing_through_kill_9_of_the_client_and_a_chunk_server() {
+/// The kill rounds (`FLOE_KV_ROUNDS`, default 3) and the random choices of a run
+/// (`FLOE_KV_SEED` repeats one), printed for `test`.
+pub(crate) fn kill_rounds(test: &str) -> (u32, StdRng) {
     let rounds: u32 = std::env::var("FLOE_KV_ROUNDS").map_or(3, |r| r.parse().unwrap());
     let seed: u64 =
         std::env::var("FLOE_KV_SEED").map_or_else(|_| rand::random(), |s| s.parse().unwrap());
-    eprintln!("transactions: seed {seed} (FLOE_KV_SEED={seed} repeats this run's choices)");
-    let mut rng = StdRng::seed_from_u64(seed);
+    eprintln!("{test}: seed {seed} (FLOE_KV_SEED={seed} repeats this run's choices)");
+    (rounds, StdRng::seed_from_u64(seed))
+}
+
+#[test]
+fn bank_transfers_are_all_or_nothing_through_kill_9_of_the_client_and_a_chunk_server() {
+    let (rounds, mut rng) = kill_rounds("transactions");
     let dir = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let ledger = work.path().join("ledger");
