@@ -5,12 +5,16 @@
 //! acknowledged transfer left, so a checker can prove each acknowledged transfer
 //! present and none partial.
 
-use crate::kv::{append_line, retried, BANK_INITIAL};
+use crate::kv::{append_line, retried, Isolated, BANK_INITIAL};
 use floe_isotope::kv::Kv;
-use floe_isotope::TxVolume;
+use floe_isotope::Transactions;
 use std::path::Path;
 
 const COUNT_KEY: &[u8] = b"bank/count";
+/// Every transfer updates the counter, so any two that overlap conflict: with many
+/// clients (several processes through a gateway) one commits per group while the
+/// others try again, far more often than a command's retries allow.
+const TRANSFER_RETRIES: usize = 1000;
 
 fn account_key(account: u32) -> String {
     format!("acct/{account:03}")
@@ -28,8 +32,8 @@ fn parse_account(value: &[u8]) -> (u64, u64) {
     )
 }
 
-pub async fn run(
-    volume: &TxVolume,
+pub async fn run<V: Transactions>(
+    volume: &Isolated<'_, V>,
     name: &str,
     accounts: u32,
     clients: u32,
@@ -40,7 +44,7 @@ pub async fn run(
         return Err("a bank needs two accounts or more".into());
     }
     let blocks = volume.data_blocks();
-    retried(volume, name, |mut tx| async move {
+    retried(volume, name, TRANSFER_RETRIES, |mut tx| async move {
         let mut kv = Kv::attach(&mut tx, blocks).await?;
         if kv.get(COUNT_KEY).await?.is_none() {
             for a in 0..accounts {
@@ -69,7 +73,8 @@ pub async fn run(
             while transfers.is_none_or(|t| done.get() < t) {
                 let (from, to) = pick(&mut rng, accounts);
                 let amount_seed = next(&mut rng);
-                let (_, line) = retried(volume, name, |mut tx| async move {
+                let retries = TRANSFER_RETRIES;
+                let (_, line) = retried(volume, name, retries, |mut tx| async move {
                     let mut kv = Kv::attach(&mut tx, blocks).await?;
                     let count = kv.get(COUNT_KEY).await?.expect("a bank has a counter");
                     let id = String::from_utf8_lossy(&count)

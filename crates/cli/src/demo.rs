@@ -39,6 +39,8 @@ pub struct Options {
     pub chain_disk_bytes: Option<u64>,
     /// Also serve the volumes over NFSv3 (`floe nfs`) on this port.
     pub nfs_port: Option<u16>,
+    /// The gateway also serves block transactions on this port.
+    pub tx_port: Option<u16>,
 }
 
 /// Prints a line of the demo's report; a closed stdout (`floe demo | head`) ends the
@@ -536,6 +538,10 @@ async fn start(
     if let Some(credentials) = credentials {
         gateway.extend(["--nbd-psk".into(), credentials.psk().display().to_string()]);
     }
+    let tx_address = options.tx_port.map(|port| format!("127.0.0.1:{port}"));
+    if let Some(address) = &tx_address {
+        gateway.extend(["--tx-listen".into(), address.clone()]);
+    }
     processes.push(spawn("gateway", gateway, &nbd_address)?);
     let gateway = processes.last_mut().expect("gateway pushed");
     gateway
@@ -599,6 +605,9 @@ async fn start(
             );
         }
         None => say!("  plain TCP between the processes (--plain)"),
+    }
+    if let Some(address) = &tx_address {
+        say!("  transactions: floe kv put --volume VOLUME --gateway {address} KEY VALUE");
     }
     if let Some(address) = &nfs_address {
         let port = options.nfs_port.unwrap_or_default();

@@ -1,12 +1,14 @@
 //! `floe kv`: the transactional key-value store (`floe_isotope::kv`) on a volume this
-//! process opens for transactions (taking its lease), one transaction per command;
-//! and `floe kv bank`, the bank-transfer workload the crash tests kill.
+//! process opens for transactions (taking its lease), or through the gateway that
+//! holds it (`--gateway`, `floe_isotope::remote`), one transaction per command; and
+//! `floe kv bank`, the bank-transfer workload the crash tests kill.
 
+use crate::kv_index::{Index, Store, StoreError};
 use crate::views::{self, Format};
 use clap::Subcommand;
 use floe_client::master::MasterClient;
-use floe_isotope::kv::Kv;
-use floe_isotope::{Isolation, Outcome, TxVolume};
+use floe_isotope::remote::RemoteVolume;
+use floe_isotope::{Blocks, Isolation, Outcome, Transactions};
 use serde::Serialize;
 use std::io::Write;
 use std::sync::Arc;
@@ -22,6 +24,14 @@ pub struct Target {
     /// (snapshot isolation).
     #[arg(long, default_value = "ss")]
     isolation: Isolation,
+    /// Run the transactions in the gateway serving them at ADDR (its --tx-listen),
+    /// which holds the volume, instead of opening the volume here.
+    #[arg(long, value_name = "ADDR")]
+    gateway: Option<String>,
+    /// The structure holding the pairs: hash (the hash table) or btree (the B-tree:
+    /// keys in order). bank and bench run on the hash table.
+    #[arg(long, value_enum, default_value = "hash")]
+    index: Index,
 }
 
 #[derive(Subcommand)]
@@ -115,7 +125,7 @@ pub enum KvCommand {
 
 /// Retries of a command's transaction that met a conflict (another process can't
 /// hold the lease, but `bank` clients of this one can).
-const CONFLICT_RETRIES: usize = 20;
+pub const CONFLICT_RETRIES: usize = 20;
 /// Initial balance of each `bank` account.
 pub const BANK_INITIAL: u64 = 1000;
 /// How long the command lets its lease's release reach the master before it exits,
@@ -147,7 +157,6 @@ fn text(bytes: &[u8]) -> String {
 }
 
 pub async fn run(master: &str, command: KvCommand) -> Result<(), String> {
-    let master = Arc::new(MasterClient::new(master));
     let (KvCommand::Put { target, .. }
     | KvCommand::Get { target, .. }
     | KvCommand::Del { target, .. }
@@ -155,24 +164,45 @@ pub async fn run(master: &str, command: KvCommand) -> Result<(), String> {
     | KvCommand::Bank { target, .. }
     | KvCommand::Bench { target, .. }) = &command;
     let name = target.volume.clone();
-    let volume = floe_isotope::open(master, &name, "floe kv", target.isolation).await?;
-    let done = execute(&volume, &name, command).await;
+    let isolation = target.isolation;
+    let index = target.index;
+    if index != Index::Hash && matches!(command, KvCommand::Bank { .. } | KvCommand::Bench { .. }) {
+        return Err("bank and bench run on the hash table (--index hash)".into());
+    }
+    if let Some(gateway) = &target.gateway {
+        let volume = RemoteVolume::connect(gateway, &name).await?;
+        return execute(&volume, isolation, index, None, &name, command).await;
+    }
+    let master = Arc::new(MasterClient::new(master));
+    let volume = floe_isotope::open(master, &name, "floe kv", isolation).await?;
+    let device = volume.device();
+    let done = execute(&volume, isolation, index, Some(device), &name, command).await;
     drop(volume);
     tokio::time::sleep(RELEASE_WAIT).await;
     done
 }
 
-async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<(), String> {
+/// Runs `command` on `volume` (here or through a gateway; `device`: the volume
+/// below, when here).
+async fn execute<V: Transactions>(
+    volume: &V,
+    isolation: Isolation,
+    index: Index,
+    device: Option<Arc<dyn floe_blockdev::BlockDevice>>,
+    name: &str,
+    command: KvCommand,
+) -> Result<(), String> {
     let blocks = volume.data_blocks();
+    let volume = &Isolated { volume, isolation };
     match command {
         KvCommand::Put {
             key, value, format, ..
         } => {
-            let version = retried(volume, name, |mut tx| {
+            let version = retried(volume, name, CONFLICT_RETRIES, |mut tx| {
                 let (key, value) = (key.clone(), value.clone());
                 async move {
-                    let mut kv = Kv::attach(&mut tx, blocks).await?;
-                    kv.put(key.as_bytes(), value.as_bytes()).await?;
+                    let mut store = Store::attach(index, &mut tx, blocks).await?;
+                    store.put(key.as_bytes(), value.as_bytes()).await?;
                     Ok((tx, ()))
                 }
             })
@@ -191,10 +221,10 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
             }
         }
         KvCommand::Del { key, format, .. } => {
-            let (version, existed) = retried(volume, name, |mut tx| {
+            let (version, existed) = retried(volume, name, CONFLICT_RETRIES, |mut tx| {
                 let key = key.clone();
                 async move {
-                    let existed = Kv::attach(&mut tx, blocks)
+                    let existed = Store::attach(index, &mut tx, blocks)
                         .await?
                         .delete(key.as_bytes())
                         .await?;
@@ -216,10 +246,10 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
             }
         }
         KvCommand::Get { key, format, .. } => {
-            let (_, value) = retried(volume, name, |mut tx| {
+            let (_, value) = retried(volume, name, CONFLICT_RETRIES, |mut tx| {
                 let key = key.clone();
                 async move {
-                    let value = Kv::attach(&mut tx, blocks)
+                    let value = Store::attach(index, &mut tx, blocks)
                         .await?
                         .get(key.as_bytes())
                         .await?;
@@ -238,10 +268,10 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
             }
         }
         KvCommand::Scan { prefix, format, .. } => {
-            let (_, pairs) = retried(volume, name, |mut tx| {
+            let (_, pairs) = retried(volume, name, CONFLICT_RETRIES, |mut tx| {
                 let prefix = prefix.clone();
                 async move {
-                    let pairs = Kv::attach(&mut tx, blocks)
+                    let pairs = Store::attach(index, &mut tx, blocks)
                         .await?
                         .scan(prefix.as_bytes())
                         .await?;
@@ -272,25 +302,25 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
             Ok(())
         }
         KvCommand::Bench {
-            target,
             engine,
             clients,
             keys,
             zipf,
             seconds,
+            ..
         } => {
             if !(zipf >= 0.0 && zipf.is_finite()) {
                 return Err(format!("--zipf {zipf}: the exponent is 0 or more"));
             }
             let options = crate::kv_bench::Options {
                 engine,
-                isolation: target.isolation,
+                isolation,
                 clients,
                 keys,
                 skew: zipf,
                 duration: Duration::from_secs(seconds),
             };
-            crate::kv_bench::run(volume, name, options).await
+            crate::kv_bench::run(volume, device, name, options).await
         }
         KvCommand::Bank {
             accounts,
@@ -302,17 +332,40 @@ async fn execute(volume: &TxVolume, name: &str, command: KvCommand) -> Result<()
     }
 }
 
-/// Runs `body` in a new transaction and commits it, again on a conflict; returns the
-/// commit's version and what `body` returned.
-pub async fn retried<T, F, Fut>(volume: &TxVolume, name: &str, body: F) -> Result<(u64, T), String>
+/// A volume whose transactions begin with the command's isolation.
+pub struct Isolated<'v, V> {
+    pub volume: &'v V,
+    pub isolation: Isolation,
+}
+
+impl<V: Transactions> Isolated<'_, V> {
+    pub async fn begin(&self) -> Result<V::Tx, floe_isotope::TxError> {
+        self.volume.begin_with(Some(self.isolation)).await
+    }
+
+    pub fn data_blocks(&self) -> u64 {
+        self.volume.data_blocks()
+    }
+}
+
+/// Runs `body` in a new transaction and commits it, again on a conflict (at most
+/// `retries` times); returns the commit's version and what `body` returned.
+pub async fn retried<V, T, F, Fut>(
+    volume: &Isolated<'_, V>,
+    name: &str,
+    retries: usize,
+    body: F,
+) -> Result<(u64, T), String>
 where
-    F: Fn(floe_isotope::Transaction) -> Fut,
-    Fut: std::future::Future<
-        Output = Result<(floe_isotope::Transaction, T), floe_isotope::kv::KvError>,
-    >,
+    V: Transactions,
+    F: Fn(V::Tx) -> Fut,
+    Fut: std::future::Future<Output = Result<(V::Tx, T), StoreError>>,
 {
-    for _ in 0..CONFLICT_RETRIES {
-        let tx = volume.begin().map_err(|e| format!("volume {name}: {e}"))?;
+    for _ in 0..retries {
+        let tx = volume
+            .begin()
+            .await
+            .map_err(|e| format!("volume {name}: {e}"))?;
         let (tx, out) = body(tx).await.map_err(|e| format!("volume {name}: {e}"))?;
         match tx
             .commit()
@@ -324,7 +377,7 @@ where
         }
     }
     Err(format!(
-        "volume {name}: {CONFLICT_RETRIES} conflicts in a row; try again"
+        "volume {name}: {retries} conflicts in a row; try again"
     ))
 }
 

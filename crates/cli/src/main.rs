@@ -9,6 +9,7 @@ mod engine;
 mod gateway_upgrade;
 mod kv;
 mod kv_bench;
+mod kv_index;
 mod metrics;
 mod placement;
 mod progress;
@@ -113,6 +114,10 @@ enum Command {
         /// 111 lets clients that ask the portmapper (QEMU's nfs driver) find it.
         #[arg(long)]
         nfs_port: Option<u16>,
+        /// Also serve block transactions from the gateway on this port of 127.0.0.1
+        /// (`floe kv --gateway 127.0.0.1:PORT`).
+        #[arg(long)]
+        tx_port: Option<u16>,
     },
     /// Run the master.
     Master {
@@ -207,6 +212,11 @@ enum Command {
         /// are otherwise made to start TLS; without, refused).
         #[arg(long)]
         nbd_allow_plain: bool,
+        /// Address to serve block transactions on (`floe kv --gateway ADDR`), for
+        /// clients with admin or client certificates (and --nbd-access's rw). A
+        /// volume in use by transactions is not exported over NBD meanwhile.
+        #[arg(long, conflicts_with = "read_only")]
+        tx_listen: Option<String>,
         #[command(flatten)]
         metrics: metrics::MetricsArgs,
     },
@@ -625,6 +635,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             engine,
             disk_size,
             nfs_port,
+            tx_port,
         } => {
             demo::run(demo::Options {
                 dir,
@@ -642,6 +653,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 no_metrics,
                 chain_disk_bytes: (engine == engine::Engine::Log).then_some(disk_size),
                 nfs_port,
+                tx_port,
             })
             .await
         }
@@ -757,6 +769,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
             nbd_access,
             nbd_psk,
             nbd_allow_plain,
+            tx_listen,
             metrics,
         } => {
             floe_gateway::upgrade::remember_executable();
@@ -775,6 +788,10 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 }
                 None => (bind(&listen).await?, Vec::new()),
             };
+            let tx_listener = match &tx_listen {
+                Some(address) => Some(bind(address).await?),
+                None => None,
+            };
             let options = floe_gateway::Options {
                 name: name.unwrap_or_else(|| default_gateway_name(&listen)),
                 read_only,
@@ -783,6 +800,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 access,
                 psk,
                 allow_plain: nbd_allow_plain,
+                tx_listener,
             };
             floe_gateway::run(listener, resumed, &cli.master, options, gateway_signal).await;
             Ok(())

@@ -7,12 +7,15 @@
 //! who opens what. [`Volumes`] opens and shares the stacks; the NFS front end
 //! (`floe-nfs`) opens volumes through it too. A gateway upgrades in place without
 //! dropping its clients (`upgrade`), and hands a volume's session to another
-//! gateway, or takes one, when the master says so (`sessions`).
+//! gateway, or takes one, when the master says so (`sessions`). With a transaction
+//! listener it runs block transactions for clients in other processes
+//! (`transactions`), on volumes it then holds alone.
 
 mod access;
 mod export_name;
 pub mod measured;
 mod sessions;
+mod transactions;
 pub mod upgrade;
 mod volumes;
 
@@ -118,6 +121,8 @@ pub struct Options {
     /// Serve plain NBD to clients not on loopback (TLS is offered to all when the
     /// gateway has a certificate).
     pub allow_plain: bool,
+    /// Where to serve block transactions (`floe_protocol::transaction`), if anywhere.
+    pub tx_listener: Option<TcpListener>,
 }
 
 /// Serves NBD on `listener` (and the connections a previous image of this process
@@ -143,6 +148,7 @@ pub async fn run<F>(
         access,
         psk,
         allow_plain,
+        tx_listener,
     } = options;
     let address = listener
         .local_addr()
@@ -155,6 +161,11 @@ pub async fn run<F>(
         unretired_limit,
         staleness,
     ));
+    let transactions = tx_listener.map(|listener| {
+        let service = transactions::Transactions::new(volumes.clone(), access.clone());
+        tokio::spawn(service.clone().serve(listener));
+        service
+    });
     let exports = Arc::new(VolumeExports {
         volumes: volumes.clone(),
         access,
@@ -174,7 +185,7 @@ pub async fn run<F>(
                 address: address.clone(),
                 holder: holder.clone(),
             };
-            tokio::spawn(sessions::follow(volumes.clone(), me))
+            tokio::spawn(sessions::follow(volumes.clone(), transactions.clone(), me))
         });
         let served = floe_nbd::serve(
             listener,
@@ -190,7 +201,13 @@ pub async fn run<F>(
         }
         let Some(handover) = served else { break };
         // The next image opens the volumes again: each must be closed first, its
-        // acknowledged writes retired and its lease released.
+        // acknowledged writes retired and its lease released. Transactions end
+        // (their connections drop with the old image).
+        if let Some(transactions) = &transactions {
+            transactions
+                .give_up_all("the gateway upgrades in place")
+                .await;
+        }
         exports.volumes.all_closed().await;
         floe_client::draining::drained().await;
         floe_client::lease::releases_answered().await;
@@ -204,6 +221,9 @@ pub async fn run<F>(
             }
         };
         resumed = handover.connections;
+    }
+    if let Some(transactions) = &transactions {
+        transactions.give_up_all("the gateway stops").await;
     }
     // Writes acknowledged early (flush-epoch and log-commit volumes) reach the
     // replicas first; then the leases are released.

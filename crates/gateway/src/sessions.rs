@@ -12,6 +12,7 @@
 //!
 //! Meanwhile the master refuses the volume to every other gateway, naming the target.
 
+use crate::transactions::Transactions;
 use crate::Volumes;
 use floe_blockdev::BlockDevice;
 use floe_protocol::{MasterRequest, MasterResponse, SessionMove};
@@ -42,7 +43,11 @@ pub struct Identity {
 
 /// Polls the master for session moves and carries out this gateway's part, until
 /// dropped (moves under way are then abandoned with it).
-pub(crate) async fn follow(volumes: Arc<Volumes>, me: Identity) {
+pub(crate) async fn follow(
+    volumes: Arc<Volumes>,
+    transactions: Option<Arc<Transactions>>,
+    me: Identity,
+) {
     let mut known: Vec<SessionMove> = Vec::new();
     let mut moving = JoinSet::new();
     // Volumes taken and held open for their clients, by name: a move away ends the
@@ -68,7 +73,8 @@ pub(crate) async fn follow(volumes: Arc<Volumes>, me: Identity) {
                         if let Some(hold) = holding.remove(&m.volume) {
                             hold.abort();
                         }
-                        moving.spawn(release(volumes.clone(), m.clone()));
+                        let transactions = transactions.clone();
+                        moving.spawn(release(volumes.clone(), transactions, m.clone()));
                     } else if m.to == me.name {
                         let hold = moving.spawn(take(volumes.clone(), m.clone()));
                         holding.insert(m.volume.clone(), hold);
@@ -87,13 +93,24 @@ pub(crate) async fn follow(volumes: Arc<Volumes>, me: Identity) {
     }
 }
 
-/// Hands volume `m.volume` over: its connections closed, what they were answered
-/// made durable, its lease released.
-async fn release(volumes: Arc<Volumes>, m: SessionMove) {
+/// Hands volume `m.volume` over: its transactions ended, its connections closed,
+/// what they were answered made durable, its lease released.
+async fn release(volumes: Arc<Volumes>, transactions: Option<Arc<Transactions>>, m: SessionMove) {
     let started = Instant::now();
     let (volume, to) = (&m.volume, &m.to);
+    let mut transacting = false;
+    if let Some(transactions) = transactions {
+        let why =
+            format!("volume {volume} moved to gateway {to}: begin the transaction again there");
+        transacting = transactions.give_up(volume, why).await;
+    }
     let closed = volumes.closing.begin(volume);
     let Some(device) = volumes.take(volume).await else {
+        if transacting {
+            floe_client::lease::releases_answered().await;
+            tracing::info!(volume, to, elapsed = ?started.elapsed(), "transactions ended, lease released");
+            return;
+        }
         tracing::warn!(
             volume,
             to,

@@ -25,6 +25,23 @@ pub struct Volumes {
     open: Mutex<BTreeMap<(String, bool), Weak<dyn BlockDevice>>>,
     /// Exports whose NBD connections are being closed (their volume moves away).
     pub(crate) closing: floe_nbd::Closing,
+    /// Volumes open for this gateway's transactions (`transactions`): no export of
+    /// them opens meanwhile, since NBD writes would bypass the transactions' log and
+    /// NBD reads would see a commit half applied.
+    alone: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// A volume held for transactions alone; dropped, NBD clients may open it again.
+pub(crate) struct Alone {
+    volumes: Arc<Volumes>,
+    volume: String,
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        let removed = self.volumes.alone.lock().unwrap().remove(&self.volume);
+        assert!(removed, "volume {} was held alone", self.volume);
+    }
 }
 
 impl Volumes {
@@ -43,6 +60,7 @@ impl Volumes {
             staleness,
             open: Mutex::default(),
             closing: floe_nbd::Closing::default(),
+            alone: Default::default(),
         }
     }
 
@@ -72,6 +90,14 @@ impl Volumes {
         let key = (name.to_string(), writable);
         // Held across the master call so two users opening at once share a stack.
         let mut open = self.open.lock().await;
+        let snapshot = matches!(export, ExportName::Snapshot { .. });
+        if !snapshot && self.alone.lock().unwrap().contains(export.volume()) {
+            return Err(format!(
+                "volume {} serves transactions at this gateway (--tx-listen): no NBD \
+                 client may open it until they end",
+                export.volume()
+            ));
+        }
         if let Some(device) = open.get(&key).and_then(Weak::upgrade) {
             return Ok(device);
         }
@@ -105,6 +131,48 @@ impl Volumes {
         open.retain(|_, d| d.strong_count() > 0);
         open.insert(key, Arc::downgrade(&device));
         Ok(device)
+    }
+
+    /// Opens volume `name` writable for transactions alone (refused while an export
+    /// of it other than a snapshot is open); no export of it opens until the
+    /// returned guard is dropped.
+    pub(crate) async fn open_alone(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Result<(Arc<dyn BlockDevice>, Alone), String> {
+        let Some(holder) = &self.holder else {
+            return Err("this gateway is read-only: it serves no transactions".into());
+        };
+        let open = self.open.lock().await;
+        let exported = open.iter().any(|((export, _), device)| {
+            device.strong_count() > 0
+                && !matches!(ExportName::parse(export), Ok(ExportName::Snapshot { .. }))
+                && ExportName::parse(export).is_ok_and(|e| e.volume() == name)
+        });
+        if exported {
+            return Err(format!(
+                "volume {name} is open over NBD at this gateway: transactions need it alone"
+            ));
+        }
+        if self.alone.lock().unwrap().contains(name) {
+            return Err(format!(
+                "volume {name} is closing after its transactions stopped; try again"
+            ));
+        }
+        let access = floe_client::Access::Write {
+            holder,
+            unretired_limit: self.unretired_limit,
+        };
+        tracing::info!(volume = name, "opening a volume for transactions");
+        let device = floe_client::open_volume(self.master.clone(), name, access).await?;
+        let device: Arc<dyn BlockDevice> = Arc::new(measured::Measured::new(device, name));
+        self.alone.lock().unwrap().insert(name.to_string());
+        drop(open);
+        let alone = Alone {
+            volumes: self.clone(),
+            volume: name.to_string(),
+        };
+        Ok((device, alone))
     }
 
     /// Takes writable export `name` out of the shared ones, if it is open: the next

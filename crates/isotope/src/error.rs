@@ -26,6 +26,10 @@ pub enum TxError {
     /// The volume stopped taking commits (a log append or apply failed, e.g. because
     /// the lease moved); the failing commit's outcome is known after a reopen.
     Stopped(String),
+    /// The gateway running the transaction refused a call (its reason, which ended
+    /// the transaction), or could not be reached (a commit's outcome is then unknown
+    /// until the volume is read again).
+    Remote(String),
 }
 
 impl std::fmt::Display for TxError {
@@ -73,6 +77,7 @@ impl std::fmt::Display for TxError {
             ),
             TxError::Io(e) => write!(f, "{e}"),
             TxError::Stopped(why) => write!(f, "the volume takes no more commits: {why}"),
+            TxError::Remote(why) => write!(f, "{why}"),
         }
     }
 }

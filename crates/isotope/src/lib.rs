@@ -9,49 +9,31 @@
 //! - [`volume`]: a volume open for transactions: versions, commit.
 //! - [`kv`]: a transactional key-value store on it (IsoHT-like).
 //! - [`btree`]: a transactional B-tree on it (IsoBT-like).
+//! - [`blocks`]: what those run on: a transaction here or through a gateway.
+//! - [`remote`]: transactions served by the gateway that holds the volume.
 //!
 //! [`open`] opens a volume by name (taking its lease) for transactions.
+pub mod blocks;
 pub mod btree;
 mod error;
 pub mod fragments;
 pub mod kv;
 pub mod layout;
 pub mod log;
+pub mod remote;
 pub mod transaction;
 pub mod volume;
 pub mod window;
 
+pub use blocks::{Blocks, Transactions};
 pub use error::TxError;
+pub use floe_protocol::transaction::Isolation;
 pub use layout::BLOCK_BYTES;
 pub use transaction::Transaction;
 pub use volume::TxVolume;
 
 use floe_client::{master::MasterClient, Access};
 use std::sync::Arc;
-
-/// What a transaction guarantees (chosen per volume, or per transaction).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isolation {
-    /// A transaction commits only if nothing it read changed since it began: the
-    /// commits are equivalent to running one at a time in commit order.
-    StrictSerializable,
-    /// A transaction reads its snapshot and commits unless a concurrent commit wrote
-    /// what it wrote: write skew is allowed.
-    Snapshot,
-}
-
-impl std::str::FromStr for Isolation {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Isolation, String> {
-        match text {
-            "ss" | "strict-serializable" => Ok(Isolation::StrictSerializable),
-            "si" | "snapshot" => Ok(Isolation::Snapshot),
-            _ => Err(format!(
-                "{text:?}: isolation is ss (strict serializability) or si (snapshot isolation)"
-            )),
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

@@ -142,26 +142,8 @@ impl Connection {
     /// Sends one request and waits for its reply. An error reply becomes
     /// `CallError::Remote`.
     pub async fn call(&self, request: Request) -> Result<Response, CallError> {
-        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let kind = request.kind();
-        let (tx, rx) = oneshot::channel();
-        self.pending.lock().unwrap().insert(request_id, tx);
-        if self.is_closed() {
-            self.pending.lock().unwrap().remove(&request_id);
-            return Err(CallError::Closed(self.address.clone()));
-        }
-        if self
-            .outgoing
-            .send(request.encode(request_id))
-            .await
-            .is_err()
-        {
-            self.pending.lock().unwrap().remove(&request_id);
-            return Err(CallError::Closed(self.address.clone()));
-        }
-        let frame = rx
-            .await
-            .map_err(|_| CallError::Closed(self.address.clone()))?;
+        let frame = self.call_frame(|id| request.encode(id)).await?;
         if frame.kind != kind {
             return Err(CallError::BadReply {
                 address: self.address.clone(),
@@ -176,6 +158,24 @@ impl Connection {
                 reason: e.to_string(),
             }),
         }
+    }
+
+    /// Sends the frame `encode` makes with a fresh request id and waits for the
+    /// reply's frame: for messages other than [`Request`]'s (`crate::transaction`).
+    pub async fn call_frame(&self, encode: impl FnOnce(u64) -> Frame) -> Result<Frame, CallError> {
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(request_id, tx);
+        if self.is_closed() {
+            self.pending.lock().unwrap().remove(&request_id);
+            return Err(CallError::Closed(self.address.clone()));
+        }
+        if self.outgoing.send(encode(request_id)).await.is_err() {
+            self.pending.lock().unwrap().remove(&request_id);
+            return Err(CallError::Closed(self.address.clone()));
+        }
+        rx.await
+            .map_err(|_| CallError::Closed(self.address.clone()))
     }
 }
 

@@ -11,9 +11,11 @@
 //!   agree on its size).
 //! - [`snapshot`]: snapshot epochs, delta chunks and snapshot names.
 //! - [`session`]: client sessions moving between gateways.
+//! - [`transaction`]: block transactions served by a gateway to remote clients.
 //! - [`connection`]: a pipelined client connection: many requests in flight, replies
 //!   matched by request id, outgoing frames batched into few socket writes.
-//! - [`server`]: the accept loop and per-connection serving with the same batching.
+//! - [`server`]: the accept loop and per-connection serving with the same batching,
+//!   by one handler for all connections or a session per connection.
 //! - [`masters`]: the master's addresses (one, or several of which one leads), and
 //!   calls that follow the leader.
 //! - [`tls`]: mutual TLS with the cluster CA's certificates, whose roles say what a
@@ -32,6 +34,7 @@ pub mod server;
 pub mod session;
 pub mod snapshot;
 pub mod tls;
+pub mod transaction;
 pub mod transport;
 pub mod types;
 pub mod units;

@@ -11,12 +11,15 @@ use crate::types::*;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
-const KIND_HELLO: u16 = 1;
+pub(crate) const KIND_HELLO: u16 = 1;
 const KIND_WRITE: u16 = 2;
 const KIND_READ: u16 = 3;
 const KIND_ZERO: u16 = 4;
 const KIND_MASTER: u16 = 5;
 const KIND_REPLICA: u16 = 6;
+/// A gateway's transaction service (`crate::transaction`): its own requests, never
+/// sent to a master or a chunk server.
+pub(crate) const KIND_TRANSACTION: u16 = 7;
 /// Bits of a write's flags byte.
 const WRITE_CATCH_UP: u8 = 1;
 const WRITE_UNSYNCED: u8 = 2;
@@ -503,28 +506,28 @@ fn put_forward(out: &mut BytesMut, forward: &[String]) {
 
 /// A bounds-checked reader over a payload: malformed input becomes an error, never a
 /// panic, because peers are not trusted.
-struct Fields {
-    buf: Bytes,
-    what: &'static str,
+pub(crate) struct Fields {
+    pub(crate) buf: Bytes,
+    pub(crate) what: &'static str,
 }
 
 impl Fields {
-    fn need(&self, n: usize) -> Result<(), FrameError> {
+    pub(crate) fn need(&self, n: usize) -> Result<(), FrameError> {
         if self.buf.remaining() < n {
             Err(FrameError::Malformed(self.what))
         } else {
             Ok(())
         }
     }
-    fn u8(&mut self) -> Result<u8, FrameError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, FrameError> {
         self.need(1)?;
         Ok(self.buf.get_u8())
     }
-    fn u32(&mut self) -> Result<u32, FrameError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, FrameError> {
         self.need(4)?;
         Ok(self.buf.get_u32_le())
     }
-    fn u64(&mut self) -> Result<u64, FrameError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, FrameError> {
         self.need(8)?;
         Ok(self.buf.get_u64_le())
     }
@@ -569,7 +572,7 @@ impl Fields {
         self.buf.clear();
         Ok(value)
     }
-    fn end(&self) -> Result<(), FrameError> {
+    pub(crate) fn end(&self) -> Result<(), FrameError> {
         if self.buf.has_remaining() {
             Err(FrameError::Malformed(self.what))
         } else {

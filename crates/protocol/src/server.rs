@@ -7,7 +7,7 @@
 
 use crate::connection::{write_loop, IN_FLIGHT_MAX, READ_BUFFER_BYTES};
 use crate::frame::{Frame, FrameError, Status};
-use crate::message::{Request, Response};
+use crate::message::{Request, Response, KIND_HELLO};
 use crate::tls::{self, Halves, Identity, Role};
 use crate::PROTOCOL_VERSION;
 use std::future::Future;
@@ -27,12 +27,52 @@ pub trait Handler: Send + Sync + 'static {
     fn permits(&self, role: Role, request: &Request) -> Result<(), String>;
 }
 
+/// What serves one connection's requests after its `Hello`: a [`Handler`] serves every
+/// connection alike; a session of a connection's own (the gateway's transactions)
+/// holds what the connection began, and ends with it.
+pub trait Session: Send + Sync + 'static {
+    type Request: Send + 'static;
+    fn decode(frame: Frame) -> Result<Self::Request, FrameError>;
+    /// Whether `peer` may ask `request` (asked only with TLS, where peers have
+    /// certificates).
+    fn permits(&self, peer: &Identity, request: &Self::Request) -> Result<(), String>;
+    /// Serves one request: the reply's frame, of `kind` and `request_id`.
+    fn serve(
+        self: Arc<Self>,
+        request: Self::Request,
+        kind: u16,
+        request_id: u64,
+    ) -> impl Future<Output = Frame> + Send;
+}
+
+impl<H: Handler> Session for H {
+    type Request = Request;
+    fn decode(frame: Frame) -> Result<Request, FrameError> {
+        Request::decode(frame)
+    }
+    fn permits(&self, peer: &Identity, request: &Request) -> Result<(), String> {
+        Handler::permits(self, peer.role, request)
+    }
+    async fn serve(self: Arc<Self>, request: Request, kind: u16, request_id: u64) -> Frame {
+        self.handle(request).await.encode(kind, request_id)
+    }
+}
+
 /// Accepts connections until the listener fails.
 pub async fn serve<H: Handler>(listener: TcpListener, handler: Arc<H>) -> std::io::Result<()> {
+    serve_sessions(listener, move || handler.clone()).await
+}
+
+/// Accepts connections until the listener fails, each served by a session `open`
+/// makes for it (TLS and roles as [`serve`]'s).
+pub async fn serve_sessions<S: Session>(
+    listener: TcpListener,
+    open: impl Fn() -> Arc<S>,
+) -> std::io::Result<()> {
     loop {
         let (stream, peer) = listener.accept().await?;
         stream.set_nodelay(true).ok();
-        let handler = handler.clone();
+        let handler = open();
         tokio::spawn(async move {
             let (halves, identity) = match tls::accept(stream).await {
                 Ok(accepted) => accepted,
@@ -68,10 +108,10 @@ impl std::fmt::Display for Peer {
     }
 }
 
-async fn serve_connection<H: Handler>(
+async fn serve_connection<S: Session>(
     (reader, writer): Halves,
     peer: &Peer,
-    handler: Arc<H>,
+    handler: Arc<S>,
 ) -> Result<(), FrameError> {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let (replies, replies_rx) = mpsc::channel::<Frame>(IN_FLIGHT_MAX);
@@ -95,26 +135,19 @@ async fn serve_connection<H: Handler>(
             Err(e) => return Err(e),
         };
         let (kind, request_id) = (frame.kind, frame.request_id);
-        let request = match Request::decode(frame) {
-            Ok(request) => request,
-            Err(e) => {
-                tracing::warn!(request_id, "rejected a malformed request: {e}");
-                let error = Response::error(Status::BadRequest, e.to_string());
-                let _ = replies.send(error.encode(kind, request_id)).await;
-                continue;
-            }
-        };
-        if let Request::Hello { version } = request {
-            let reply = if version == PROTOCOL_VERSION {
-                greeted = true;
-                Response::Hello {
-                    version: PROTOCOL_VERSION,
+        if kind == KIND_HELLO {
+            let reply = match Request::decode(frame) {
+                Ok(Request::Hello { version }) if version == PROTOCOL_VERSION => {
+                    greeted = true;
+                    Response::Hello {
+                        version: PROTOCOL_VERSION,
+                    }
                 }
-            } else {
-                Response::error(
+                Ok(Request::Hello { version }) => Response::error(
                     Status::VersionMismatch,
                     format!("protocol version {version} not supported; this server speaks {PROTOCOL_VERSION}: upgrade the older side"),
-                )
+                ),
+                _ => Response::error(Status::BadRequest, "malformed hello"),
             };
             let _ = replies.send(reply.encode(kind, request_id)).await;
             continue;
@@ -124,8 +157,17 @@ async fn serve_connection<H: Handler>(
             let _ = replies.send(error.encode(kind, request_id)).await;
             return Err(FrameError::Malformed("handshake"));
         }
+        let request = match S::decode(frame) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::warn!(request_id, "rejected a malformed request: {e}");
+                let error = Response::error(Status::BadRequest, e.to_string());
+                let _ = replies.send(error.encode(kind, request_id)).await;
+                continue;
+            }
+        };
         if let Some(identity) = &peer.identity {
-            if let Err(why) = handler.permits(identity.role, &request) {
+            if let Err(why) = handler.permits(identity, &request) {
                 tracing::warn!(%peer, "refused a request: {why}");
                 let error = Response::error(Status::Forbidden, why);
                 let _ = replies.send(error.encode(kind, request_id)).await;
@@ -139,10 +181,9 @@ async fn serve_connection<H: Handler>(
             .expect("semaphore never closed");
         let handler = handler.clone();
         let replies = replies.clone();
-        let kind = request.kind();
         tokio::spawn(async move {
-            let response = handler.handle(request).await;
-            let _ = replies.send(response.encode(kind, request_id)).await;
+            let reply = handler.serve(request, kind, request_id).await;
+            let _ = replies.send(reply).await;
             drop(permit);
         });
     }

@@ -8,9 +8,11 @@ mod keys;
 mod locked;
 
 use crate::bank::seed_now;
-use crate::kv::retried;
+use crate::kv::{retried, Isolated, CONFLICT_RETRIES};
+use floe_blockdev::BlockDevice;
 use floe_isotope::kv::Kv;
-use floe_isotope::{Isolation, Outcome, TxVolume};
+use floe_isotope::{Blocks, Isolation, Outcome, Transactions};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -50,11 +52,17 @@ pub struct Options {
     pub duration: Duration,
 }
 
-pub async fn run(volume: &TxVolume, name: &str, options: Options) -> Result<(), String> {
+/// `device`: the volume below, which the baseline runs on (`None` through a gateway).
+pub async fn run<V: Transactions>(
+    volume: &Isolated<'_, V>,
+    device: Option<Arc<dyn BlockDevice>>,
+    name: &str,
+    options: Options,
+) -> Result<(), String> {
     let keys = options.keys.max(2);
     let blocks = volume.data_blocks();
     for chunk in (0..keys as u64).collect::<Vec<_>>().chunks(100) {
-        retried(volume, name, |mut tx| async move {
+        retried(volume, name, CONFLICT_RETRIES, |mut tx| async move {
             let mut kv = Kv::attach(&mut tx, blocks).await?;
             for k in chunk {
                 kv.put(key(*k).as_bytes(), b"0").await?;
@@ -72,7 +80,8 @@ pub async fn run(volume: &TxVolume, name: &str, options: Options) -> Result<(), 
                 let volume = &volume;
                 async move {
                     let (a, b) = pick(&mut rng);
-                    let mut tx = volume.begin_with(isolation).map_err(|e| e.to_string())?;
+                    let begun = volume.volume.begin_with(Some(isolation)).await;
+                    let mut tx = begun.map_err(|e| e.to_string())?;
                     let mut kv = Kv::attach(&mut tx, blocks)
                         .await
                         .map_err(|e| e.to_string())?;
@@ -96,7 +105,10 @@ pub async fn run(volume: &TxVolume, name: &str, options: Options) -> Result<(), 
         }
         Engine::Locks => {
             // The transactional side stays idle from here: the baseline has the log.
-            let store = locked::Locked::open(volume.device()).await?;
+            let Some(device) = device else {
+                return Err("--engine locks opens the volume here: not with --gateway".into());
+            };
+            let store = locked::Locked::open(device).await?;
             measure(options.clients, options.duration, |mut rng| {
                 let store = &store;
                 async move {

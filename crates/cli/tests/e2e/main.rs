@@ -30,6 +30,7 @@ mod nbd_raw;
 mod netcut;
 mod nfs;
 mod qos;
+mod remote_transactions;
 mod scrub;
 mod servers;
 mod snapshots;

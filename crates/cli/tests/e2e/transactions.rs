@@ -14,14 +14,14 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-const ACCOUNTS: u64 = 12;
+pub(crate) const ACCOUNTS: u64 = 12;
 const INITIAL: u64 = 1000;
 /// Bounds only a hung workload, however busy the machine.
-const FIRST_TRANSFERS_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const FIRST_TRANSFERS_TIMEOUT: Duration = Duration::from_secs(90);
 /// Opening a volume whose holder was killed waits out its lease (5 s term).
 const REOPEN_TRIES: usize = 4;
 
-fn kv(cluster: &Cluster, args: &[&str]) -> String {
+pub(crate) fn kv(cluster: &Cluster, args: &[&str]) -> String {
     // The previous holder's lease may still be running out: try again.
     for _ in 1..REOPEN_TRIES {
         let out = floe_output(cluster, &[&["kv"], args].concat());
@@ -60,7 +60,7 @@ fn bank(cluster: &Cluster, ledger: &Path) -> Child {
         .expect("floe kv bank starts")
 }
 
-fn ledger_lines(ledger: &Path) -> usize {
+pub(crate) fn ledger_lines(ledger: &Path) -> usize {
     std::fs::read_to_string(ledger)
         .unwrap_or_default()
         .lines()
@@ -73,7 +73,12 @@ fn ledger_lines(ledger: &Path) -> usize {
 /// the last acknowledged transfer that touched it (or a later one), with the balance
 /// the ledger says. Returns the counter.
 fn check_bank(cluster: &Cluster, ledger: &Path, context: &str) -> u64 {
-    let scan = kv_json(cluster, &["scan", "--volume", "bank"]);
+    check_bank_via(cluster, &[], ledger, context)
+}
+
+/// [`check_bank`], `floe kv` given `via` (`--gateway ADDR`).
+pub(crate) fn check_bank_via(cluster: &Cluster, via: &[&str], ledger: &Path, context: &str) -> u64 {
+    let scan = kv_json(cluster, &[&["scan", "--volume", "bank"], via].concat());
     let mut accounts = BTreeMap::new();
     let mut count = None;
     for pair in scan["pairs"].as_array().expect("pairs") {
@@ -145,7 +150,7 @@ fn check_bank(cluster: &Cluster, ledger: &Path, context: &str) -> u64 {
     count
 }
 
-fn start_with_bank_volume(dir: &Path) -> Cluster {
+pub(crate) fn start_with_bank_volume(dir: &Path) -> Cluster {
     let cluster = Cluster::start(dir);
     cluster.floe(&["volume", "create", "bank", "--size", "64M"]);
     cluster
@@ -231,13 +236,19 @@ fn kv_commands_work_on_the_demo_and_refuse_clearly() {
     drop(client);
 }
 
-#[test]
-fn bank_transfers_are_all_or_nothing_through_kill_9_of_the_client_and_a_chunk_server() {
+/// The kill rounds (`FLOE_KV_ROUNDS`, default 3) and the random choices of a run
+/// (`FLOE_KV_SEED` repeats one), printed for `test`.
+pub(crate) fn kill_rounds(test: &str) -> (u32, StdRng) {
     let rounds: u32 = std::env::var("FLOE_KV_ROUNDS").map_or(3, |r| r.parse().unwrap());
     let seed: u64 =
         std::env::var("FLOE_KV_SEED").map_or_else(|_| rand::random(), |s| s.parse().unwrap());
-    eprintln!("transactions: seed {seed} (FLOE_KV_SEED={seed} repeats this run's choices)");
-    let mut rng = StdRng::seed_from_u64(seed);
+    eprintln!("{test}: seed {seed} (FLOE_KV_SEED={seed} repeats this run's choices)");
+    (rounds, StdRng::seed_from_u64(seed))
+}
+
+#[test]
+fn bank_transfers_are_all_or_nothing_through_kill_9_of_the_client_and_a_chunk_server() {
+    let (rounds, mut rng) = kill_rounds("transactions");
     let dir = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let ledger = work.path().join("ledger");
@@ -303,5 +314,53 @@ fn a_commit_after_the_lease_moved_is_refused_with_nothing_applied() {
         check_bank(&cluster, &ledger, "after"),
         counter,
         "a commit was applied after the lease moved"
+    );
+}
+
+#[test]
+fn kv_commands_on_the_btree_index_keep_keys_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path());
+    cluster.floe(&["volume", "create", "tree", "--size", "64M"]);
+    fn on_tree<'a>(args: &[&'a str]) -> Vec<&'a str> {
+        [args, &["--volume", "tree", "--index", "btree"]].concat()
+    }
+    // More keys than one node holds (41), so the tree splits.
+    let keys: Vec<String> = (0..60).rev().map(|i| format!("k/{i:03}")).collect();
+    for key in &keys {
+        kv(&cluster, &on_tree(&["put", key, &format!("v{key}")]));
+    }
+    kv(&cluster, &on_tree(&["put", "other", "x"]));
+    assert_eq!(kv(&cluster, &on_tree(&["get", "k/007"])), "vk/007\n");
+    let deleted = kv_json(&cluster, &on_tree(&["del", "k/010"]));
+    assert_eq!(deleted["changed"], true, "{deleted}");
+    let scan = kv_json(&cluster, &on_tree(&["scan", "--prefix", "k/"]));
+    let scanned: Vec<&str> = scan["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["key"].as_str().unwrap())
+        .collect();
+    let mut expected: Vec<&str> = keys.iter().map(String::as_str).collect();
+    expected.retain(|k| *k != "k/010");
+    expected.sort();
+    assert_eq!(scanned, expected);
+    // The hash table's commands refuse the tree, and the reverse.
+    let out = floe_output(&cluster, &["kv", "get", "--volume", "tree", "k/001"]);
+    assert!(
+        !out.status.success() && text(&out).contains("no key-value table"),
+        "{}",
+        text(&out)
+    );
+    cluster.floe(&["volume", "create", "hash", "--size", "64M"]);
+    kv(&cluster, &["put", "--volume", "hash", "a", "b"]);
+    let out = floe_output(
+        &cluster,
+        &["kv", "get", "--volume", "hash", "--index", "btree", "a"],
+    );
+    assert!(
+        !out.status.success() && text(&out).contains("no B-tree"),
+        "{}",
+        text(&out)
     );
 }

@@ -9,7 +9,7 @@
 
 pub mod node;
 
-use crate::{Transaction, TxError, BLOCK_BYTES};
+use crate::{Blocks, Transaction, TxError, BLOCK_BYTES};
 use bytes::BytesMut;
 use node::{Node, KEY_BYTES_MAX, VALUE_BYTES_MAX};
 
@@ -56,22 +56,22 @@ impl std::fmt::Display for TreeError {
 impl std::error::Error for TreeError {}
 
 /// The tree at data block `base`, within one transaction.
-pub struct Tree<'t> {
-    tx: &'t mut Transaction,
+pub struct Tree<'t, T: Blocks = Transaction> {
+    tx: &'t mut T,
     base: u64,
     blocks_end: u64,
     root: u64,
     next_free: u64,
 }
 
-impl<'t> Tree<'t> {
+impl<'t, T: Blocks> Tree<'t, T> {
     /// The tree whose header is data block `base` (a zero block gets an empty tree,
     /// created in `tx`); nodes go in blocks `base + 1 .. blocks_end`.
     pub async fn attach(
-        tx: &'t mut Transaction,
+        tx: &'t mut T,
         base: u64,
         blocks_end: u64,
-    ) -> Result<Tree<'t>, TreeError> {
+    ) -> Result<Tree<'t, T>, TreeError> {
         let header = tx.read(base).await?;
         let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
         let mut tree = Tree {
@@ -94,8 +94,8 @@ impl<'t> Tree<'t> {
                 leaf: true,
                 entries: Vec::new(),
             };
-            tree.tx.write(tree.root, empty.encode())?;
-            tree.write_header()?;
+            tree.tx.write(tree.root, empty.encode()).await?;
+            tree.write_header().await?;
         } else {
             return Err(TreeError::NotATree);
         }
@@ -110,12 +110,12 @@ impl<'t> Tree<'t> {
         Ok(self.next_free - 1)
     }
 
-    fn write_header(&mut self) -> Result<(), TreeError> {
+    async fn write_header(&mut self) -> Result<(), TreeError> {
         let mut header = BytesMut::zeroed(BLOCK_BYTES);
         header[..8].copy_from_slice(MAGIC);
         header[8..16].copy_from_slice(&self.root.to_le_bytes());
         header[16..24].copy_from_slice(&self.next_free.to_le_bytes());
-        self.tx.write(self.base, header.freeze())?;
+        self.tx.write(self.base, header.freeze()).await?;
         Ok(())
     }
 
@@ -155,8 +155,8 @@ impl<'t> Tree<'t> {
             };
             self.root = self.allocate()?;
             self.split_child(&mut root, 0).await?;
-            self.tx.write(self.root, root.encode())?;
-            self.write_header()?;
+            self.tx.write(self.root, root.encode()).await?;
+            self.write_header().await?;
         }
         let (mut block, mut node) = (self.root, root);
         for _ in 0..DEPTH_MAX {
@@ -168,19 +168,19 @@ impl<'t> Tree<'t> {
                     Ok(i) => node.entries[i].1 = value.to_vec(),
                     Err(i) => node.entries.insert(i, (key.to_vec(), value.to_vec())),
                 }
-                self.tx.write(block, node.encode())?;
+                self.tx.write(block, node.encode()).await?;
                 return Ok(());
             }
             let mut entry = node.child_for(key);
             if key < node.entries[entry].0.as_slice() {
                 // A key below every one the tree has seen: the first subtree takes it.
                 node.entries[entry].0 = key.to_vec();
-                self.tx.write(block, node.encode())?;
+                self.tx.write(block, node.encode()).await?;
             }
             let child = self.node(node.child(entry)).await?;
             if child.full() {
                 self.split_child(&mut node, entry).await?;
-                self.tx.write(block, node.encode())?;
+                self.tx.write(block, node.encode()).await?;
                 entry = node.child_for(key);
             }
             block = node.child(entry);
@@ -196,13 +196,13 @@ impl<'t> Tree<'t> {
         let mut left = self.node(left_block).await?;
         let right = left.split();
         let right_block = self.allocate()?;
-        self.tx.write(left_block, left.encode())?;
-        self.tx.write(right_block, right.encode())?;
+        self.tx.write(left_block, left.encode()).await?;
+        self.tx.write(right_block, right.encode()).await?;
         let right_key = right.entries[0].0.clone();
         parent
             .entries
             .insert(entry + 1, (right_key, right_block.to_le_bytes().to_vec()));
-        self.write_header()
+        self.write_header().await
     }
 
     /// Whether the key was there.
@@ -219,7 +219,7 @@ impl<'t> Tree<'t> {
                     return Ok(false);
                 };
                 node.entries.remove(i);
-                self.tx.write(block, node.encode())?;
+                self.tx.write(block, node.encode()).await?;
                 return Ok(true);
             }
             block = node.child(node.child_for(key));

@@ -11,7 +11,7 @@
 
 pub mod slot;
 
-use crate::{Transaction, TxError, BLOCK_BYTES};
+use crate::{Blocks, Transaction, TxError, BLOCK_BYTES};
 use bytes::{Bytes, BytesMut};
 use slot::{State, KEY_BYTES_MAX, SLOTS_PER_BLOCK, SLOT_BYTES, VALUE_BYTES_MAX};
 
@@ -59,9 +59,9 @@ impl std::fmt::Display for KvError {
 
 impl std::error::Error for KvError {}
 
-/// The store, within one transaction.
-pub struct Kv<'t> {
-    tx: &'t mut Transaction,
+/// The store, within one transaction (in this process or through a gateway).
+pub struct Kv<'t, T: Blocks = Transaction> {
+    tx: &'t mut T,
     table_blocks: u64,
 }
 
@@ -72,12 +72,12 @@ struct Found {
     data: Bytes,
 }
 
-impl<'t> Kv<'t> {
+impl<'t, T: Blocks> Kv<'t, T> {
     /// The table of `tx`'s volume; a volume that reads as zeroes gets one, created
     /// in `tx`.
-    pub async fn attach(tx: &'t mut Transaction, data_blocks: u64) -> Result<Kv<'t>, KvError> {
+    pub async fn attach(tx: &'t mut T, data_blocks: u64) -> Result<Kv<'t, T>, KvError> {
         let header = tx.read(HEADER_BLOCK).await?;
-        tx.mark_accessed(HEADER_BLOCK, 0, 16)?;
+        tx.mark_accessed(HEADER_BLOCK, 0, 16).await?;
         let table_blocks = if let Some(table_blocks) = table_blocks(&header) {
             table_blocks
         } else if header.iter().all(|b| *b == 0) {
@@ -85,7 +85,7 @@ impl<'t> Kv<'t> {
             let mut fresh = BytesMut::zeroed(BLOCK_BYTES);
             fresh[..8].copy_from_slice(MAGIC);
             fresh[8..16].copy_from_slice(&table_blocks.to_le_bytes());
-            tx.write(HEADER_BLOCK, fresh.freeze())?;
+            tx.write(HEADER_BLOCK, fresh.freeze()).await?;
             table_blocks
         } else {
             return Err(KvError::NotATable);
@@ -114,7 +114,8 @@ impl<'t> Kv<'t> {
                 match slot::state(&data, slot) {
                     State::Used if slot::key(&data, slot) == key => {
                         self.tx
-                            .mark_accessed(block, slot * SLOT_BYTES, SLOT_BYTES)?;
+                            .mark_accessed(block, slot * SLOT_BYTES, SLOT_BYTES)
+                            .await?;
                         return Ok((Some(Found { block, slot, data }), None));
                     }
                     State::Used => {}
@@ -130,7 +131,7 @@ impl<'t> Kv<'t> {
                     }
                 }
             }
-            self.tx.mark_accessed(block, 0, BLOCK_BYTES)?;
+            self.tx.mark_accessed(block, 0, BLOCK_BYTES).await?;
             if ended {
                 break;
             }
@@ -153,9 +154,10 @@ impl<'t> Kv<'t> {
         };
         let mut data = BytesMut::from(&self.tx.read(at.block).await?[..]);
         slot::set(&mut data, at.slot, key, value);
-        self.tx.write(at.block, data.freeze())?;
+        self.tx.write(at.block, data.freeze()).await?;
         self.tx
-            .mark_accessed(at.block, at.slot * SLOT_BYTES, SLOT_BYTES)?;
+            .mark_accessed(at.block, at.slot * SLOT_BYTES, SLOT_BYTES)
+            .await?;
         Ok(())
     }
 
@@ -167,7 +169,7 @@ impl<'t> Kv<'t> {
         };
         let mut data = BytesMut::from(&self.tx.read(at.block).await?[..]);
         slot::delete(&mut data, at.slot);
-        self.tx.write(at.block, data.freeze())?;
+        self.tx.write(at.block, data.freeze()).await?;
         Ok(true)
     }
 
