@@ -29,6 +29,24 @@ fn leader(cluster: &Cluster) -> Option<String> {
         .map(String::from)
 }
 
+/// A demo cluster of three masters on a three-member etcd (dropped in this order:
+/// the cluster, then etcd, then the directory).
+fn three_masters() -> (TestDir, Etcd, Cluster) {
+    let dir = TestDir::new();
+    let etcd = Etcd::start_members(
+        3,
+        &dir.path().join("etcd-data"),
+        &dir.path().join("etcd.log"),
+    );
+    let cluster = Cluster::start_with(
+        &dir.path().join("cluster"),
+        free_ports(),
+        Some(etcd.metadata("floe")),
+        vec!["--masters".into(), "3".into()],
+    );
+    (dir, etcd, cluster)
+}
+
 /// Sequential 64 KiB writes at 32 MiB/s reach the demo volume's second stripe set
 /// (new chunks to allocate) about 8 s in; the leading master is killed (-9) at 4 s. A
 /// standby is elected once the leader's etcd lease runs out, loads the cluster from
@@ -36,20 +54,8 @@ fn leader(cluster: &Cluster) -> Option<String> {
 /// ends clean and verifies, and `floe status` names the new leader.
 #[test]
 fn a_standby_master_takes_over_from_a_killed_leader_without_a_client_error() {
-    let dir = TestDir::new();
-    let etcd_dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start_members(
-        3,
-        &etcd_dir.path().join("data"),
-        &etcd_dir.path().join("etcd.log"),
-    );
+    let (_dir, _etcd, cluster) = three_masters();
     let work = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start_with(
-        dir.path(),
-        free_ports(),
-        Some(etcd.metadata("floe")),
-        vec!["--masters".into(), "3".into()],
-    );
     let masters: Vec<String> = cluster.info.master.split(',').map(String::from).collect();
     assert_eq!(masters.len(), 3, "{}", cluster.info.master);
     let first = leader(&cluster).expect("a master leads");
@@ -99,20 +105,8 @@ fn the_leader_killed_every_20_s_under_fio_with_chunk_server_failures() {
     let soak = Duration::from_secs(
         std::env::var("FLOE_FAILOVER_SOAK_SECS").map_or(60, |s| s.parse().unwrap()),
     );
-    let dir = TestDir::new();
-    let etcd_dir = tempfile::tempdir().unwrap();
-    let etcd = Etcd::start_members(
-        3,
-        &etcd_dir.path().join("data"),
-        &etcd_dir.path().join("etcd.log"),
-    );
+    let (_dir, etcd, cluster) = three_masters();
     let work = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start_with(
-        dir.path(),
-        free_ports(),
-        Some(etcd.metadata("floe")),
-        vec!["--masters".into(), "3".into()],
-    );
     let mut masters = Servers::masters(&cluster);
     let mut servers = Servers::of(&cluster);
     let stop = Arc::new(AtomicBool::new(false));
