@@ -153,7 +153,9 @@ fn undescribed(help: &str) -> Vec<String> {
     let mut out = Vec::new();
     for (i, line) in lines.iter().enumerate() {
         let trimmed = line.trim_start();
-        if !line.starts_with("  ") || !(trimmed.starts_with('-') || trimmed.starts_with('<')) {
+        // "- NAME: ..." lines list an argument's possible values.
+        let argument = trimmed.starts_with('-') && !trimmed.starts_with("- ");
+        if !line.starts_with("  ") || !(argument || trimmed.starts_with('<')) {
             continue;
         }
         let rest = trimmed.split_once("  ").map_or("", |(_, rest)| rest.trim());
