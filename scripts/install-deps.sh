@@ -6,6 +6,7 @@
 #           clients (libnfs-utils: nfs-ls, nfs-cp; qemu-block-extra: QEMU's nfs
 #           driver), etcd,
 #           nftables and iproute2 (network cuts, hosts as network namespaces),
+#           socat (a service address that follows a session between gateways),
 #           systemd (systemd-analyze checks deploy/systemd), ceph-base for crushtool
 #           (placement is checked bit-exact against it)
 #   bench:  what bench/run compares against and draws with: fio, nbdkit, etcd and
@@ -14,7 +15,7 @@
 set -euo pipefail
 want=(protobuf-compiler libssl-dev pkg-config)
 case "${1:-}" in
-  --test) want+=(fio qemu-utils qemu-block-extra libnfs-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux nftables iproute2 systemd ceph-base) ;;
+  --test) want+=(fio qemu-utils qemu-block-extra libnfs-utils nbdkit libnbd-bin python3-libnbd fuse3 etcd-server e2fsprogs util-linux nftables iproute2 socat systemd ceph-base) ;;
   --bench) want+=(fio nbdkit etcd-server qemu-utils ceph-mon ceph-osd ceph-mgr ceph-common librbd1 python3 python3-matplotlib strace) ;;
   "") ;;
   *) echo "usage: $0 [--test|--bench]" >&2; exit 2 ;;
