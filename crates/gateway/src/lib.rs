@@ -90,7 +90,11 @@ impl Exports for VolumeExports {
 
     async fn open(&self, name: &str, client: &Client) -> Result<Arc<dyn BlockDevice>, Refusal> {
         let writable = self.grant(&ExportName::parse(name)?, client)?;
-        Ok(self.volumes.open(name, writable).await?)
+        // The NBD client sees only "export not available": the reason goes here.
+        self.volumes.open(name, writable).await.map_err(|e| {
+            tracing::warn!(export = name, "cannot open the export: {e}");
+            Refusal::from(e)
+        })
     }
 
     fn closing(&self) -> Closing {
