@@ -130,6 +130,7 @@ fn options(dir: &Path, layout: ChainLayout, setup: &Setup, emulate_hdd: bool) ->
             disk_bytes: setup.disk_bytes,
             cache_bytes: setup.disk_bytes,
             layout,
+            gc: Default::default(),
         }),
         ..Options::default()
     }

@@ -22,7 +22,8 @@
 use bytes::Bytes;
 use floe_chunkstore::space::Room;
 use floe_chunkstore::{
-    ChainOptions, ChunkMeta, Durability, JournalDir, Options, SimDisk, Store, StoreError, Tuning,
+    ChainGc, ChainOptions, ChunkMeta, Durability, JournalDir, Options, SimDisk, Store, StoreError,
+    Tuning,
 };
 use floe_protocol::ChunkId;
 use proptest::prelude::*;
@@ -64,6 +65,9 @@ enum Mode {
     /// fills the reserve with moves, so a freed segment handed back before its map
     /// save would be overwritten while the saved map still points into it.
     WideChain,
+    /// The 3 x 3 MiB chain cleaned by compact-in-body: live blocks go into holes of
+    /// the body, which must be dead in the saved map too.
+    CompactChain,
 }
 
 impl Mode {
@@ -71,7 +75,7 @@ impl Mode {
     fn chain(self) -> Option<(u64, u64)> {
         match self {
             Mode::Plain | Mode::Hybrid => None,
-            Mode::Chain => Some((3 << 20, 2 << 20)),
+            Mode::Chain | Mode::CompactChain => Some((3 << 20, 2 << 20)),
             Mode::WideChain => Some((16 << 20, 38 << 20)),
         }
     }
@@ -91,6 +95,8 @@ const FILLER: ChunkId = ChunkId {
 const PIECE_BYTES: u64 = 1 << 20;
 /// Blocks the chain's cleaner moved, over every case run in chain mode.
 static CHAIN_GC_MOVED_BLOCKS: AtomicU64 = AtomicU64::new(0);
+/// Blocks compact-in-body moved into the body, over every case run.
+static CHAIN_GC_COMPACTED_BLOCKS: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -371,7 +377,7 @@ impl Model {
 
 fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
     let journal_dirs = match mode {
-        Mode::Plain | Mode::Chain | Mode::WideChain => Vec::new(),
+        Mode::Plain | Mode::Chain | Mode::WideChain | Mode::CompactChain => Vec::new(),
         Mode::Hybrid => SSDS
             .iter()
             .map(|dir| JournalDir {
@@ -390,6 +396,10 @@ fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
             disk_bytes,
             cache_bytes: 0,
             layout: Default::default(),
+            gc: match mode {
+                Mode::CompactChain => ChainGc::CompactInBody,
+                _ => ChainGc::MoveToTail,
+            },
         }),
     };
     let tuning = Tuning {
@@ -600,6 +610,7 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
             }
             if let Some(stats) = store.chain_stats() {
                 CHAIN_GC_MOVED_BLOCKS.fetch_add(stats.gc_moved_blocks, Ordering::Relaxed);
+                CHAIN_GC_COMPACTED_BLOCKS.fetch_add(stats.gc_compacted_blocks, Ordering::Relaxed);
             }
             Ok::<(), String>(())
         })?;
@@ -675,6 +686,15 @@ fn power_cuts_in_chain_mode() {
     let moved = CHAIN_GC_MOVED_BLOCKS.load(Ordering::Relaxed);
     eprintln!("the cleaner moved {moved} blocks between the cuts");
     assert!(moved > 0, "the cleaner never ran");
+}
+
+/// Compact-in-body cleaning under the same cuts.
+#[test]
+fn power_cuts_in_compact_chain_mode() {
+    run(Mode::CompactChain, 100);
+    let compacted = CHAIN_GC_COMPACTED_BLOCKS.load(Ordering::Relaxed);
+    eprintln!("the cleaner compacted {compacted} blocks between the cuts");
+    assert!(compacted > 0, "the cleaner never compacted");
 }
 
 /// The wide chain, fewer cuts by default: each case writes its 22 MiB filler.

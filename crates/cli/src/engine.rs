@@ -2,7 +2,7 @@
 //! chained-log engine's disks, cache and cleaning (see floe_chunkstore's `chain`).
 
 use crate::size;
-use floe_chunkserver::ChainOptions;
+use floe_chunkserver::{ChainGc, ChainOptions};
 use std::path::PathBuf;
 
 /// Bytes of each chain disk's log unless `--disk-size` says.
@@ -44,7 +44,8 @@ pub struct EngineArgs {
     #[arg(long, value_parser = size::parse)]
     disk_size: Option<u64>,
     /// (--engine log) How the chain is cleaned: move-to-tail (the head's live blocks
-    /// copied to the tail); compact-in-body is not built yet.
+    /// copied to the tail, the default) or compact-in-body (into dead positions of
+    /// the other disks, so the tail disk writes only client data).
     #[arg(long, value_enum)]
     gc: Option<Gc>,
 }
@@ -69,9 +70,6 @@ impl EngineArgs {
             Engine::Log if self.disks.is_empty() => {
                 Err("--engine log needs one --disk per disk of the chain".into())
             }
-            Engine::Log if self.gc == Some(Gc::CompactInBody) => {
-                Err("--gc compact-in-body is not built yet; use move-to-tail".into())
-            }
             Engine::Log => {
                 let Some(cache_dir) = self.cache.clone() else {
                     return Err("--engine log needs --cache DIR on flash for its map".into());
@@ -82,6 +80,10 @@ impl EngineArgs {
                     disk_bytes: self.disk_size.unwrap_or(DISK_BYTES_DEFAULT),
                     cache_bytes: self.cache_size.unwrap_or(CACHE_BYTES_DEFAULT),
                     layout: Default::default(),
+                    gc: match self.gc {
+                        Some(Gc::CompactInBody) => ChainGc::CompactInBody,
+                        Some(Gc::MoveToTail) | None => ChainGc::MoveToTail,
+                    },
                 }))
             }
         }

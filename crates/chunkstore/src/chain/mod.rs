@@ -10,6 +10,7 @@
 //! - [`pages`]: the inverse map saved on the cache (flash) directory; recovery.
 //! - [`tail_cache`]: the recent blocks in RAM.
 //! - [`gc`]: move-to-tail cleaning, throttled against client writes.
+//! - [`compact`]: compact-in-body cleaning, the same walk into holes of the body.
 //! - [`placement`]: the chain's layout of the log over the disks, or the striped
 //!   one of the benchmark's RAID-0 baseline.
 //!
@@ -21,6 +22,7 @@
 //! its checkpoint redoes every later change on top: changes are idempotent, so one
 //! already in the saved map is simply written again.
 
+mod compact;
 mod disks;
 mod gc;
 mod map;
@@ -42,6 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use tail_cache::TailCache;
 
+pub use compact::Gc;
 pub(crate) use disks::LOG_FILE;
 pub use placement::Layout;
 
@@ -69,6 +72,8 @@ pub struct ChainOptions {
     pub cache_bytes: u64,
     /// Chained (the engine) or striped (the benchmark's RAID-0 baseline only).
     pub layout: Layout,
+    /// Where the cleaner puts the head's live blocks.
+    pub gc: Gc,
 }
 
 /// What the chain did since it opened, and how full it is.
@@ -78,7 +83,9 @@ pub struct ChainStats {
     pub live_blocks: u64,
     /// Blocks the tail may write before it must wait for cleaning.
     pub free_blocks: u64,
+    /// Live blocks the cleaner moved to the tail, and into holes of the body.
     pub gc_moved_blocks: u64,
+    pub gc_compacted_blocks: u64,
     pub gc_freed_segments: u64,
     pub map_saves: u64,
     pub reads_cache: u64,
@@ -92,6 +99,7 @@ pub struct ChainStats {
 #[derive(Default)]
 struct Counters {
     gc_moved_blocks: AtomicU64,
+    gc_compacted_blocks: AtomicU64,
     gc_freed_segments: AtomicU64,
     map_saves: AtomicU64,
     reads_cache: AtomicU64,
@@ -124,6 +132,9 @@ pub(crate) struct State {
     tail: u64,
     /// Blocks appended and not yet written: one write per segment's worth.
     run: Vec<u8>,
+    gc: compact::Gc,
+    /// Compact-in-body's free positions, as of the last map save.
+    holes: compact::Holes,
     cache: TailCache,
     counters: Counters,
 }
@@ -165,21 +176,25 @@ impl Chain {
             live_mib = (maps.live_blocks() * BLOCK_BYTES) >> 20,
             "chain opened"
         );
+        let mut state = State {
+            disk,
+            cache_dir: options.cache_dir.clone(),
+            disks,
+            maps,
+            head_segment,
+            durable_head_segment: head_segment,
+            gc_cursor: head_segment * SEGMENT_BLOCKS,
+            gc_read: None,
+            tail,
+            run: Vec::new(),
+            cache: TailCache::new(options.cache_bytes),
+            counters: Counters::default(),
+            gc: options.gc,
+            holes: Default::default(),
+        };
+        state.find_holes();
         Ok(Chain {
-            state: RwLock::new(State {
-                disk,
-                cache_dir: options.cache_dir.clone(),
-                disks,
-                maps,
-                head_segment,
-                durable_head_segment: head_segment,
-                gc_cursor: head_segment * SEGMENT_BLOCKS,
-                gc_read: None,
-                tail,
-                run: Vec::new(),
-                cache: TailCache::new(options.cache_bytes),
-                counters: Counters::default(),
-            }),
+            state: RwLock::new(state),
         })
     }
 
@@ -277,6 +292,7 @@ impl Chain {
             live_blocks: state.maps.live_blocks(),
             free_blocks: state.room(),
             gc_moved_blocks: c.gc_moved_blocks.load(Relaxed),
+            gc_compacted_blocks: c.gc_compacted_blocks.load(Relaxed),
             gc_freed_segments: c.gc_freed_segments.load(Relaxed),
             map_saves: c.map_saves.load(Relaxed),
             reads_cache: c.reads_cache.load(Relaxed),
@@ -324,12 +340,14 @@ impl State {
             &self.maps,
         )?;
         self.durable_head_segment = self.head_segment;
+        self.find_holes();
         self.counters.map_saves.fetch_add(1, Relaxed);
         // What an operator (and the e2e test) reads to see the cleaner at work.
         tracing::info!(
             live_mib = (self.maps.live_blocks() * BLOCK_BYTES) >> 20,
             free_mib = (self.room() * BLOCK_BYTES) >> 20,
             gc_moved_blocks = self.counters.gc_moved_blocks.load(Relaxed),
+            gc_compacted_blocks = self.counters.gc_compacted_blocks.load(Relaxed),
             gc_freed_segments = self.counters.gc_freed_segments.load(Relaxed),
             "chain map saved"
         );
