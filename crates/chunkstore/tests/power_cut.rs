@@ -66,7 +66,9 @@ enum Mode {
     /// save would be overwritten while the saved map still points into it.
     WideChain,
     /// The 3 x 3 MiB chain cleaned by compact-in-body: live blocks go into holes of
-    /// the body, which must be dead in the saved map too.
+    /// the body, which must be dead in the saved map too; with a 2 MiB flash tail
+    /// cache, which must not serve a position compaction rewrote or bytes from
+    /// before a cut.
     CompactChain,
 }
 
@@ -395,6 +397,10 @@ fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
             cache_dir: PathBuf::from("/flash"),
             disk_bytes,
             cache_bytes: 0,
+            flash_cache_bytes: match mode {
+                Mode::CompactChain => 2 << 20,
+                _ => 0,
+            },
             layout: Default::default(),
             gc: match mode {
                 Mode::CompactChain => ChainGc::CompactInBody,

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 /// Bytes of each chain disk's log unless `--disk-size` says.
 const DISK_BYTES_DEFAULT: u64 = 1 << 30;
-/// Bytes of the RAM tail cache unless `--cache-size` says.
-const CACHE_BYTES_DEFAULT: u64 = 256 << 20;
+/// Bytes of the RAM tail cache unless `--ram-cache-size` says.
+const RAM_CACHE_BYTES_DEFAULT: u64 = 256 << 20;
 
 /// Values are described in the flags' help (clap would list described values
 /// apart from the flag).
@@ -34,12 +34,16 @@ pub struct EngineArgs {
     /// (--engine log) A disk of the chain, in chain order; repeat for each disk.
     #[arg(long = "disk")]
     disks: Vec<PathBuf>,
-    /// (--engine log) Flash directory for the chain's saved map.
+    /// (--engine log) Flash directory for the chain's saved map and tail cache.
     #[arg(long)]
     cache: Option<PathBuf>,
-    /// (--engine log) Bytes of the RAM tail cache of recent writes (default 256M).
+    /// (--engine log) Bytes of the tail cache on --cache's flash: recent writes
+    /// read from there once the RAM cache evicts them (default 0, none).
     #[arg(long, value_parser = size::parse)]
     cache_size: Option<u64>,
+    /// (--engine log) Bytes of the RAM tail cache of recent writes (default 256M).
+    #[arg(long, value_parser = size::parse)]
+    ram_cache_size: Option<u64>,
     /// (--engine log) Bytes of each disk's log (default 1G).
     #[arg(long, value_parser = size::parse)]
     disk_size: Option<u64>,
@@ -57,11 +61,12 @@ impl EngineArgs {
         let log_only = !self.disks.is_empty()
             || self.cache.is_some()
             || self.cache_size.is_some()
+            || self.ram_cache_size.is_some()
             || self.disk_size.is_some()
             || self.gc.is_some();
         match self.engine {
             Engine::Files if log_only => {
-                Err("--disk, --cache, --cache-size, --disk-size and --gc need --engine log".into())
+                Err("--disk, --cache, --cache-size, --ram-cache-size, --disk-size and --gc need --engine log".into())
             }
             Engine::Files => Ok(None),
             Engine::Log if journals => {
@@ -78,7 +83,8 @@ impl EngineArgs {
                     disks: self.disks.clone(),
                     cache_dir,
                     disk_bytes: self.disk_size.unwrap_or(DISK_BYTES_DEFAULT),
-                    cache_bytes: self.cache_size.unwrap_or(CACHE_BYTES_DEFAULT),
+                    cache_bytes: self.ram_cache_size.unwrap_or(RAM_CACHE_BYTES_DEFAULT),
+                    flash_cache_bytes: self.cache_size.unwrap_or(0),
                     layout: Default::default(),
                     gc: match self.gc {
                         Some(Gc::CompactInBody) => ChainGc::CompactInBody,

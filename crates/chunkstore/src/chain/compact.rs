@@ -69,8 +69,9 @@ impl State {
             "a hole of the saved map was filled behind the cleaner"
         );
         self.disks.write(position, block)?;
-        // The cache holds the position's old (dead) bytes if it is recent.
+        // The caches hold the position's old (dead) bytes if it is recent.
         self.cache.forget(position);
+        self.flash.forget(position);
         self.maps.set(key, super::map::Slot { position, crc });
         self.counters.gc_compacted_blocks.fetch_add(1, Relaxed);
         Ok(true)

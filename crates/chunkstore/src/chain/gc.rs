@@ -122,6 +122,7 @@ pub(super) mod tests {
             cache_dir: PathBuf::from("/flash"),
             disk_bytes: 3 << 20,
             cache_bytes: 0,
+            flash_cache_bytes: 0,
             layout,
             gc: Default::default(),
         }

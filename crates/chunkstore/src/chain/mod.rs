@@ -9,6 +9,7 @@
 //! - [`map`]: the forward map (chunk block -> position) and the inverse map.
 //! - [`pages`]: the inverse map saved on the cache (flash) directory; recovery.
 //! - [`tail_cache`]: the recent blocks in RAM.
+//! - [`flash_cache`]: more recent blocks in a ring file on the cache directory.
 //! - [`gc`]: move-to-tail cleaning, throttled against client writes.
 //! - [`compact`]: compact-in-body cleaning, the same walk into holes of the body.
 //! - [`placement`]: the chain's layout of the log over the disks, or the striped
@@ -24,6 +25,7 @@
 
 mod compact;
 mod disks;
+mod flash_cache;
 mod gc;
 mod map;
 mod pages;
@@ -35,6 +37,7 @@ use crate::disk::Disk;
 use crate::error::StoreError;
 use crate::wal::{Kind, RecordHeader};
 use disks::{Disks, SEGMENT_BLOCKS};
+use flash_cache::FlashCache;
 use floe_protocol::ChunkId;
 use map::{BlockKey, Maps, Slot};
 use pages::Geometry;
@@ -70,6 +73,8 @@ pub struct ChainOptions {
     pub disk_bytes: u64,
     /// Bytes of the RAM tail cache.
     pub cache_bytes: u64,
+    /// Bytes of the flash tail cache in `cache_dir` (0: none).
+    pub flash_cache_bytes: u64,
     /// Chained (the engine) or striped (the benchmark's RAID-0 baseline only).
     pub layout: Layout,
     /// Where the cleaner puts the head's live blocks.
@@ -89,6 +94,7 @@ pub struct ChainStats {
     pub gc_freed_segments: u64,
     pub map_saves: u64,
     pub reads_cache: u64,
+    pub reads_flash_cache: u64,
     pub reads_tail_disk: u64,
     pub reads_body_disk: u64,
     /// Blocks the cleaner read from the tail's disk and from the others.
@@ -103,6 +109,7 @@ struct Counters {
     gc_freed_segments: AtomicU64,
     map_saves: AtomicU64,
     reads_cache: AtomicU64,
+    reads_flash_cache: AtomicU64,
     reads_tail_disk: AtomicU64,
     reads_body_disk: AtomicU64,
     gc_reads_tail_disk: AtomicU64,
@@ -136,6 +143,7 @@ pub(crate) struct State {
     /// Compact-in-body's free positions, as of the last map save.
     holes: compact::Holes,
     cache: TailCache,
+    flash: FlashCache,
     counters: Counters,
 }
 
@@ -176,6 +184,7 @@ impl Chain {
             live_mib = (maps.live_blocks() * BLOCK_BYTES) >> 20,
             "chain opened"
         );
+        let flash = FlashCache::open(&*disk, &options.cache_dir, options.flash_cache_bytes)?;
         let mut state = State {
             disk,
             cache_dir: options.cache_dir.clone(),
@@ -188,6 +197,7 @@ impl Chain {
             tail,
             run: Vec::new(),
             cache: TailCache::new(options.cache_bytes),
+            flash,
             counters: Counters::default(),
             gc: options.gc,
             holes: Default::default(),
@@ -296,6 +306,7 @@ impl Chain {
             gc_freed_segments: c.gc_freed_segments.load(Relaxed),
             map_saves: c.map_saves.load(Relaxed),
             reads_cache: c.reads_cache.load(Relaxed),
+            reads_flash_cache: c.reads_flash_cache.load(Relaxed),
             reads_tail_disk: c.reads_tail_disk.load(Relaxed),
             reads_body_disk: c.reads_body_disk.load(Relaxed),
             gc_reads_tail_disk: c.gc_reads_tail_disk.load(Relaxed),
@@ -466,6 +477,7 @@ impl State {
         }
         let start = self.tail - self.run.len() as u64 / BLOCK_BYTES;
         self.disks.write(start, &self.run)?;
+        self.flash.write(start, &self.run)?;
         self.run.clear();
         Ok(())
     }
@@ -476,6 +488,10 @@ impl State {
         if let Some(block) = self.cache.get(position) {
             out.copy_from_slice(block);
             self.counters.reads_cache.fetch_add(1, Relaxed);
+            return Ok(());
+        }
+        if self.flash.read(position, out)? {
+            self.counters.reads_flash_cache.fetch_add(1, Relaxed);
             return Ok(());
         }
         let c = &self.counters;
