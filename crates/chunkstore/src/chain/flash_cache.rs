@@ -74,12 +74,18 @@ impl FlashCache {
         let Some(file) = &self.file else {
             return Ok(false);
         };
-        let slot = position % self.owners.len() as u64;
-        if self.owners[slot as usize] != position + 1 {
+        if !self.holds(position) {
             return Ok(false);
         }
+        let slot = position % self.owners.len() as u64;
         disk::read_at(&**file, out, slot * BLOCK_BYTES)?;
         Ok(true)
+    }
+
+    /// The ring holds `position`'s block.
+    pub(crate) fn holds(&self, position: u64) -> bool {
+        !self.owners.is_empty()
+            && self.owners[(position % self.owners.len() as u64) as usize] == position + 1
     }
 
     /// Drops a position rewritten behind the tail.

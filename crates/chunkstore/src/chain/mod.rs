@@ -12,6 +12,7 @@
 //! - [`flash_cache`]: more recent blocks in a ring file on the cache directory.
 //! - [`gc`]: move-to-tail cleaning, throttled against client writes.
 //! - [`compact`]: compact-in-body cleaning, the same walk into holes of the body.
+//! - [`cost`]: GetCost, what reading a block costs now (for a replica choice).
 //! - [`placement`]: the chain's layout of the log over the disks, or the striped
 //!   one of the benchmark's RAID-0 baseline.
 //!
@@ -24,6 +25,7 @@
 //! already in the saved map is simply written again.
 
 mod compact;
+mod cost;
 mod disks;
 mod flash_cache;
 mod gc;
@@ -48,6 +50,7 @@ use std::sync::{Arc, RwLock};
 use tail_cache::TailCache;
 
 pub use compact::Gc;
+pub use cost::ReadCost;
 pub(crate) use disks::LOG_FILE;
 pub use placement::Layout;
 
