@@ -54,6 +54,19 @@ pub struct EngineArgs {
     gc: Option<Gc>,
 }
 
+/// `floe demo`'s chain flags, passed on to every chunk server.
+pub fn chain_flags(gc: Option<Gc>, cache_bytes: Option<u64>) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(gc) = gc {
+        let name = clap::ValueEnum::to_possible_value(&gc).expect("every value is named");
+        out.extend(["--gc".into(), name.get_name().to_string()]);
+    }
+    if let Some(bytes) = cache_bytes {
+        out.extend(["--cache-size".into(), bytes.to_string()]);
+    }
+    out
+}
+
 impl EngineArgs {
     /// The chain to run, or `None` for the files engine; a one-line error for
     /// flags that do not go together.
