@@ -102,7 +102,7 @@ impl FlashCache {
 #[cfg(test)]
 mod tests {
     use super::super::gc::tests::{options, write, CHUNK};
-    use super::super::{Chain, Layout};
+    use super::super::{Chain, Gc, Layout};
     use crate::SimDisk;
 
     /// 1 MiB of RAM cache, 2 of flash: reads of the last 2 MiB written miss the tail
@@ -139,5 +139,31 @@ mod tests {
         let mut back = vec![0; old.len()];
         chain.read(CHUNK, 0, &mut back, true).unwrap();
         assert!(back == old);
+    }
+
+    /// Compaction writing into a hole the ring still holds: the ring must drop it,
+    /// or reads of the moved block get the hole's old bytes. A 8 MiB ring holds every
+    /// position of this run; A at the head, C's old copy a hole of the saved map.
+    #[test]
+    fn a_position_compaction_rewrites_leaves_the_ring() {
+        let sim = SimDisk::new();
+        let mut options = options(Layout::Chained);
+        options.gc = Gc::CompactInBody;
+        options.flash_cache_bytes = 8 << 20;
+        let chain = Chain::open(sim.mount(), &options).unwrap();
+        let a = vec![0xaau8; 1 << 20];
+        write(&chain, 0, &a);
+        write(&chain, 16 << 20, &[0xcc; 1 << 20]);
+        write(&chain, 8 << 20, &[0xbb; 1 << 20]);
+        write(&chain, 16 << 20, &[0xdd; 1 << 20]);
+        chain.persist().unwrap();
+        // Up to the cleaning mark, and one block past it: 2 of A's blocks compacted.
+        write(&chain, 32 << 20, &vec![0xee; 704 << 12]);
+        write(&chain, 48 << 20, &[0xff; 4096]);
+        let stats = chain.stats();
+        assert_eq!(stats.gc_compacted_blocks, 2, "{stats:?}");
+        let mut out = vec![0; 1 << 20];
+        chain.read(CHUNK, 0, &mut out, true).unwrap();
+        assert!(out == a);
     }
 }
