@@ -16,7 +16,7 @@ mod staging;
 use bytes::Bytes;
 use floe_chunkstore::space::Room;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
-pub use floe_chunkstore::{ChainOptions, JournalDir, Options as StoreOptions};
+pub use floe_chunkstore::{ChainGc, ChainOptions, JournalDir, Options as StoreOptions};
 use floe_chunkstore::{ChunkMeta, Durability, Store, StoreError};
 use floe_protocol::connection::CallError;
 use floe_protocol::server::{self, Handler};

@@ -129,7 +129,9 @@ fn options(dir: &Path, layout: ChainLayout, setup: &Setup, emulate_hdd: bool) ->
             cache_dir: dir.join("flash"),
             disk_bytes: setup.disk_bytes,
             cache_bytes: setup.disk_bytes,
+            flash_cache_bytes: 0,
             layout,
+            gc: Default::default(),
         }),
         ..Options::default()
     }

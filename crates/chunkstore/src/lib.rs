@@ -64,7 +64,7 @@ mod sums_cache;
 mod unsynced;
 pub mod wal;
 
-pub use chain::{ChainOptions, ChainStats, Layout as ChainLayout};
+pub use chain::{ChainOptions, ChainStats, Gc as ChainGc, Layout as ChainLayout, ReadCost};
 pub use disk::{Disk, DiskFile, RealDisk, SimDisk};
 pub use journal::JournalDir;
 pub use meta::ChunkMeta;

@@ -2,7 +2,7 @@
 //! hybrid mode ssd journals in front of an hdd's chunk files (see [`crate::journal`]).
 
 use crate::block_sums::BLOCK_BYTES;
-use crate::chain::{Chain, ChainOptions, ChainStats};
+use crate::chain::{Chain, ChainOptions, ChainStats, ReadCost};
 use crate::chunk_files::Files;
 use crate::committer::{Change, Committer, Queue};
 use crate::disk::hdd::{self, Hdd, HddDisk};
@@ -632,6 +632,15 @@ impl Store {
         }
         out.sort();
         out
+    }
+
+    /// GetCost: what reading the block holding `offset` costs the chained-log
+    /// engine now (for a replica choice); `None` for the files engine.
+    pub fn read_cost(&self, chunk: ChunkId, offset: u64) -> Option<ReadCost> {
+        self.files
+            .chain
+            .as_ref()
+            .map(|chain| chain.read_cost(chunk, offset))
     }
 
     /// The chained-log engine's counters; `None` for the files engine.

@@ -22,7 +22,8 @@
 use bytes::Bytes;
 use floe_chunkstore::space::Room;
 use floe_chunkstore::{
-    ChainOptions, ChunkMeta, Durability, JournalDir, Options, SimDisk, Store, StoreError, Tuning,
+    ChainGc, ChainOptions, ChunkMeta, Durability, JournalDir, Options, SimDisk, Store, StoreError,
+    Tuning,
 };
 use floe_protocol::ChunkId;
 use proptest::prelude::*;
@@ -59,6 +60,31 @@ enum Mode {
     /// Plain, with the data in a chained log (the chain engine) of 3 x 3 MiB disks,
     /// filled past its cleaning mark first so the cleaner runs during every epoch.
     Chain,
+    /// The chain at 3 x 11 MiB, 22 MiB of it live: at 33 segments the cleaner frees
+    /// two segments between map saves (at 9, one), and with a mostly live head it
+    /// fills the reserve with moves, so a freed segment handed back before its map
+    /// save would be overwritten while the saved map still points into it.
+    WideChain,
+    /// The 3 x 3 MiB chain cleaned by compact-in-body: live blocks go into holes of
+    /// the body, which must be dead in the saved map too; with a 2 MiB flash tail
+    /// cache, which must not serve a position compaction rewrote or bytes from
+    /// before a cut.
+    CompactChain,
+}
+
+impl Mode {
+    /// The chain's disk size and its filler's, in chain modes.
+    fn chain(self) -> Option<(u64, u64)> {
+        match self {
+            Mode::Plain | Mode::Hybrid => None,
+            Mode::Chain | Mode::CompactChain => Some((3 << 20, 2 << 20)),
+            Mode::WideChain => Some((16 << 20, 38 << 20)),
+        }
+    }
+
+    fn filler_bytes(self) -> u64 {
+        self.chain().map_or(0, |(_, filler)| filler)
+    }
 }
 
 /// Chain mode: a chunk no op touches, written before the first epoch and rewritten
@@ -67,9 +93,21 @@ const FILLER: ChunkId = ChunkId {
     volume_id: 9,
     index: 0,
 };
-const FILLER_BYTES: u64 = 2 << 20;
-/// Blocks the chain's cleaner moved, over every case run in chain mode.
-static CHAIN_GC_MOVED_BLOCKS: AtomicU64 = AtomicU64::new(0);
+/// The filler's unit of writes and reads.
+const PIECE_BYTES: u64 = 1 << 20;
+
+/// Blocks the chain's cleaner moved to the tail and compacted into the body, over
+/// every case run in a chain mode (each mode's own: tests run at once).
+fn gc_blocks(mode: Mode) -> &'static [AtomicU64; 2] {
+    static CHAIN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+    static WIDE: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+    static COMPACT: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+    match mode {
+        Mode::WideChain => &WIDE,
+        Mode::CompactChain => &COMPACT,
+        _ => &CHAIN,
+    }
+}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -350,7 +388,7 @@ impl Model {
 
 fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
     let journal_dirs = match mode {
-        Mode::Plain | Mode::Chain => Vec::new(),
+        Mode::Plain | Mode::Chain | Mode::WideChain | Mode::CompactChain => Vec::new(),
         Mode::Hybrid => SSDS
             .iter()
             .map(|dir| JournalDir {
@@ -363,12 +401,20 @@ fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
         journal_dirs,
         local_journal_quota_bytes: quota,
         emulate_hdd: false,
-        chain: (mode == Mode::Chain).then(|| ChainOptions {
+        chain: mode.chain().map(|(disk_bytes, _)| ChainOptions {
             disks: ["/hdd0", "/hdd1", "/hdd2"].map(PathBuf::from).to_vec(),
             cache_dir: PathBuf::from("/flash"),
-            disk_bytes: 3 << 20,
+            disk_bytes,
             cache_bytes: 0,
+            flash_cache_bytes: match mode {
+                Mode::CompactChain => 2 << 20,
+                _ => 0,
+            },
             layout: Default::default(),
+            gc: match mode {
+                Mode::CompactChain => ChainGc::CompactInBody,
+                _ => ChainGc::MoveToTail,
+            },
         }),
     };
     let tuning = Tuning {
@@ -484,44 +530,50 @@ async fn reopen_and_check(sim: &SimDisk, model: &mut Model, quota: u64) -> Resul
         let extents = store.extents(*id).map_err(|e| format!("extents: {e}"))?;
         model.check(chunk, store.meta(*id), &data, &extents)?;
     }
-    if model.mode == Mode::Chain {
+    for at in (0..model.mode.filler_bytes()).step_by(PIECE_BYTES as usize) {
         let data = store
-            .read(FILLER, 0, FILLER_BYTES as u32)
+            .read(FILLER, at, PIECE_BYTES as u32)
             .await
-            .map_err(|e| format!("read the filler: {e}"))?;
-        if data
-            .iter()
-            .enumerate()
-            .any(|(at, &b)| b != filler_byte(at as u64))
-        {
-            return Err("the filler chunk changed".into());
+            .map_err(|e| format!("read the filler at {at}: {e}"))?;
+        if data != filler(at) {
+            return Err(format!("the filler chunk changed at {at}"));
         }
     }
     Ok(store)
 }
 
-fn filler_byte(at: u64) -> u8 {
-    pattern(u64::MAX, at)
+/// The filler's piece at `at`, made once (the wide chain's check reads 38 MiB).
+fn filler(at: u64) -> Bytes {
+    static PIECES: std::sync::Mutex<Vec<Bytes>> = std::sync::Mutex::new(Vec::new());
+    let index = (at / PIECE_BYTES) as usize;
+    let mut pieces = PIECES.lock().unwrap();
+    while pieces.len() <= index {
+        let from = pieces.len() as u64 * PIECE_BYTES;
+        pieces.push(
+            (from..from + PIECE_BYTES)
+                .map(|at| pattern(u64::MAX, at))
+                .collect(),
+        );
+    }
+    pieces[index].clone()
 }
 
-/// Chain mode's filler, written whole, synced.
-async fn fill(store: &Store) {
-    let data: Vec<u8> = (0..FILLER_BYTES).map(filler_byte).collect();
-    store
-        .write(FILLER, 0, Bytes::from(data), ChunkMeta::default())
-        .await
-        .expect("the filler fits");
+/// Chain mode's filler, written piece by piece (a piece is a client's large write),
+/// synced.
+async fn fill(store: &Store, mode: Mode) {
+    for piece in 0..mode.filler_bytes() / PIECE_BYTES {
+        refill(store, mode, piece).await;
+    }
+    store.sync().await.expect("the filler fits");
 }
 
-/// Chain mode, before each batch: one 1 MiB piece of the filler written again
-/// with the bytes it holds (so the check needs no model of it), which moves the
-/// tail on and keeps the cleaner busy between the cuts. A cut may fail it.
-async fn refill(store: &Store, piece: u64) {
-    const PIECE_BYTES: u64 = 1 << 20;
-    let at = piece * PIECE_BYTES % FILLER_BYTES;
-    let data: Vec<u8> = (at..at + PIECE_BYTES).map(filler_byte).collect();
+/// Chain mode, before each batch: one piece of the filler written again with the
+/// bytes it holds (so the check needs no model of it), which moves the tail on and
+/// keeps the cleaner busy between the cuts. A cut may fail it.
+async fn refill(store: &Store, mode: Mode, piece: u64) {
+    let at = piece * PIECE_BYTES % mode.filler_bytes();
     let _ = store
-        .write(FILLER, at, Bytes::from(data), ChunkMeta::default())
+        .write(FILLER, at, filler(at), ChunkMeta::default())
         .await;
 }
 
@@ -530,10 +582,10 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
     let sim = SimDisk::new();
     let mut model = Model::new(mode);
     let (options, tuning) = options(mode, case.quota);
-    if mode == Mode::Chain {
+    if mode.chain().is_some() {
         runtime().block_on(async {
             let store = Store::open_on(sim.mount(), Path::new(DATA), &options, &tuning).unwrap();
-            fill(&store).await;
+            fill(&store, mode).await;
         });
     }
     for epoch in &case.epochs {
@@ -551,8 +603,8 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
             for step in &epoch.steps {
                 match step {
                     Step::Batch(ops) => {
-                        if mode == Mode::Chain {
-                            refill(&store, model.next_id).await;
+                        if mode.chain().is_some() {
+                            refill(&store, mode, model.next_id).await;
                         }
                         run_batch(&store, &mut model, ops).await?
                     }
@@ -572,7 +624,9 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
                 }
             }
             if let Some(stats) = store.chain_stats() {
-                CHAIN_GC_MOVED_BLOCKS.fetch_add(stats.gc_moved_blocks, Ordering::Relaxed);
+                let [moved, compacted] = gc_blocks(mode);
+                moved.fetch_add(stats.gc_moved_blocks, Ordering::Relaxed);
+                compacted.fetch_add(stats.gc_compacted_blocks, Ordering::Relaxed);
             }
             Ok::<(), String>(())
         })?;
@@ -584,11 +638,12 @@ fn run_case(mode: Mode, case: &Case, cuts: &AtomicU64) -> Result<u32, String> {
     Ok(model.digest)
 }
 
-fn run(mode: Mode) {
+/// About `default_cuts` cuts unless `FLOE_POWER_CUTS` says how many.
+fn run(mode: Mode, default_cuts: u64) {
     let wanted: u64 = std::env::var("FLOE_POWER_CUTS")
         .ok()
         .map(|n| n.parse().expect("FLOE_POWER_CUTS is a number"))
-        .unwrap_or(100);
+        .unwrap_or(default_cuts);
     let seed: u64 = std::env::var("FLOE_POWER_CUT_SEED")
         .ok()
         .map(|n| n.parse().expect("FLOE_POWER_CUT_SEED is a number"))
@@ -634,7 +689,7 @@ fn run(mode: Mode) {
 
 #[test]
 fn power_cuts_in_plain_mode() {
-    run(Mode::Plain);
+    run(Mode::Plain, 100);
 }
 
 /// The chain engine under the same cuts, its cleaner running throughout.
@@ -643,15 +698,39 @@ fn power_cuts_in_plain_mode() {
 /// with an all-live head, and a write cleaned only one segment before giving up.
 #[test]
 fn power_cuts_in_chain_mode() {
-    run(Mode::Chain);
-    let moved = CHAIN_GC_MOVED_BLOCKS.load(Ordering::Relaxed);
-    eprintln!("the cleaner moved {moved} blocks between the cuts");
-    assert!(moved > 0, "the cleaner never ran");
+    run_chain(Mode::Chain, 100);
+}
+
+/// Compact-in-body cleaning under the same cuts.
+#[test]
+fn power_cuts_in_compact_chain_mode() {
+    run_chain(Mode::CompactChain, 100);
+}
+
+/// The wide chain, fewer cuts by default: each case writes its 38 MiB filler.
+#[test]
+fn power_cuts_in_wide_chain_mode() {
+    run_chain(Mode::WideChain, 30);
+}
+
+/// A chain mode's run; its cleaner must have moved blocks (compacted them, for
+/// compact-in-body) between the cuts, or the run tested little.
+fn run_chain(mode: Mode, default_cuts: u64) {
+    run(mode, default_cuts);
+    let [moved, compacted] = gc_blocks(mode)
+        .each_ref()
+        .map(|c| c.load(Ordering::Relaxed));
+    eprintln!("the cleaner moved {moved} blocks to the tail, compacted {compacted} into the body");
+    let cleaned = match mode {
+        Mode::CompactChain => compacted,
+        _ => moved,
+    };
+    assert!(cleaned > 0, "the cleaner never ran");
 }
 
 #[test]
 fn power_cuts_in_hybrid_mode() {
-    run(Mode::Hybrid);
+    run(Mode::Hybrid, 100);
 }
 
 /// The same case and seeds give the same disk and the same recovered states, so a

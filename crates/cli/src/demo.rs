@@ -37,6 +37,8 @@ pub struct Options {
     pub no_metrics: bool,
     /// `--engine log`: every chunk server a chain of three disks of this many bytes.
     pub chain_disk_bytes: Option<u64>,
+    /// More `floe chunkserver` flags for every chain (`--gc`, `--cache-size`).
+    pub chain_flags: Vec<String>,
     /// Also serve the volumes over NFSv3 (`floe nfs`) on this port.
     pub nfs_port: Option<u16>,
     /// The gateway also serves block transactions on this port.
@@ -464,7 +466,10 @@ async fn start(
             class,
         ]);
         match options.chain_disk_bytes {
-            Some(bytes) => arguments.extend(chain_arguments(&data, bytes)),
+            Some(bytes) => {
+                arguments.extend(chain_arguments(&data, bytes));
+                arguments.extend(options.chain_flags.iter().cloned());
+            }
             None if *class == "hdd" => arguments.extend(hdd_arguments(options, host)),
             None => {}
         }

@@ -110,6 +110,13 @@ enum Command {
         /// (--engine log) Bytes of each chain disk's log.
         #[arg(long, value_parser = size::parse, default_value = "256M")]
         disk_size: u64,
+        /// (--engine log) How every chain is cleaned (`floe chunkserver --gc`).
+        #[arg(long, value_enum)]
+        gc: Option<engine::Gc>,
+        /// (--engine log) Bytes of every chain's flash tail cache (`floe chunkserver
+        /// --cache-size`).
+        #[arg(long, value_parser = size::parse)]
+        cache_size: Option<u64>,
         /// Also serve the volumes over NFSv3 (`floe nfs`) on this port of 127.0.0.1;
         /// 111 lets clients that ask the portmapper (QEMU's nfs driver) find it.
         #[arg(long)]
@@ -634,6 +641,8 @@ async fn execute(cli: Cli) -> Result<(), String> {
             no_metrics,
             engine,
             disk_size,
+            gc,
+            cache_size,
             nfs_port,
             tx_port,
         } => {
@@ -652,6 +661,7 @@ async fn execute(cli: Cli) -> Result<(), String> {
                 plain,
                 no_metrics,
                 chain_disk_bytes: (engine == engine::Engine::Log).then_some(disk_size),
+                chain_flags: engine::chain_flags(gc, cache_size),
                 nfs_port,
                 tx_port,
             })

@@ -1,5 +1,7 @@
 //! Move-to-tail cleaning (the thesis's GC for a chain): the head segment's live
-//! blocks are copied to the tail, then the segment is free. It runs inside the
+//! blocks are copied to the tail, then the segment is free. The walk over the head
+//! is also compact-in-body's ([`super::compact`]), which puts the blocks in holes
+//! of the body instead. It runs inside the
 //! committer's apply, throttled against client writes: below a low-water mark of
 //! free space it moves at most [`MOVES_PER_WRITTEN_BLOCK`] blocks per block a client
 //! wrote, so cleaning takes a bounded share of the tail disk's bandwidth; only when
@@ -13,6 +15,7 @@
 //! [`super::pages`]): until then the saved map may still point into it, and a power
 //! cut would bring those pointers back.
 
+use super::compact::Gc;
 use super::disks::SEGMENT_BLOCKS;
 use super::State;
 use crate::block_sums::BLOCK_BYTES;
@@ -44,8 +47,10 @@ impl State {
                 if let Some((key, crc)) = self.maps.at(position) {
                     // The crc moves unchanged: a corrupt block stays corrupt.
                     self.read_to_move(position, segment_end, &mut block)?;
-                    self.append(key, &block, crc)?;
-                    self.counters.gc_moved_blocks.fetch_add(1, Relaxed);
+                    if !(self.gc == Gc::CompactInBody && self.compact(key, &block, crc)?) {
+                        self.append(key, &block, crc)?;
+                        self.counters.gc_moved_blocks.fetch_add(1, Relaxed);
+                    }
                     moves -= 1;
                 }
                 self.gc_cursor += 1;
@@ -97,7 +102,7 @@ impl State {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::{Chain, ChainOptions, Layout};
     use crate::block_sums::BLOCK_BYTES;
     use crate::wal::{Kind, RecordHeader};
@@ -105,19 +110,21 @@ mod tests {
     use floe_protocol::ChunkId;
     use std::path::PathBuf;
 
-    const CHUNK: ChunkId = ChunkId {
+    pub(in super::super) const CHUNK: ChunkId = ChunkId {
         volume_id: 1,
         index: 0,
     };
 
     /// 3 x 3 MiB, no cache beyond the least.
-    fn options(layout: Layout) -> ChainOptions {
+    pub(in super::super) fn options(layout: Layout) -> ChainOptions {
         ChainOptions {
             disks: ["/d0", "/d1", "/d2"].map(PathBuf::from).to_vec(),
             cache_dir: PathBuf::from("/flash"),
             disk_bytes: 3 << 20,
             cache_bytes: 0,
+            flash_cache_bytes: 0,
             layout,
+            gc: Default::default(),
         }
     }
 
@@ -133,7 +140,7 @@ mod tests {
         }
     }
 
-    fn write(chain: &Chain, offset: u64, data: &[u8]) {
+    pub(in super::super) fn write(chain: &Chain, offset: u64, data: &[u8]) {
         let header = header(offset, data.len() as u64);
         assert!(chain.apply(&header, data).unwrap().is_empty());
     }

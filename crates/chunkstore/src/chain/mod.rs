@@ -9,7 +9,10 @@
 //! - [`map`]: the forward map (chunk block -> position) and the inverse map.
 //! - [`pages`]: the inverse map saved on the cache (flash) directory; recovery.
 //! - [`tail_cache`]: the recent blocks in RAM.
+//! - [`flash_cache`]: more recent blocks in a ring file on the cache directory.
 //! - [`gc`]: move-to-tail cleaning, throttled against client writes.
+//! - [`compact`]: compact-in-body cleaning, the same walk into holes of the body.
+//! - [`cost`]: GetCost, what reading a block costs now (for a replica choice).
 //! - [`placement`]: the chain's layout of the log over the disks, or the striped
 //!   one of the benchmark's RAID-0 baseline.
 //!
@@ -21,7 +24,10 @@
 //! its checkpoint redoes every later change on top: changes are idempotent, so one
 //! already in the saved map is simply written again.
 
+mod compact;
+mod cost;
 mod disks;
+mod flash_cache;
 mod gc;
 mod map;
 mod pages;
@@ -33,6 +39,7 @@ use crate::disk::Disk;
 use crate::error::StoreError;
 use crate::wal::{Kind, RecordHeader};
 use disks::{Disks, SEGMENT_BLOCKS};
+use flash_cache::FlashCache;
 use floe_protocol::ChunkId;
 use map::{BlockKey, Maps, Slot};
 use pages::Geometry;
@@ -42,6 +49,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use tail_cache::TailCache;
 
+pub use compact::Gc;
+pub use cost::ReadCost;
 pub(crate) use disks::LOG_FILE;
 pub use placement::Layout;
 
@@ -67,8 +76,12 @@ pub struct ChainOptions {
     pub disk_bytes: u64,
     /// Bytes of the RAM tail cache.
     pub cache_bytes: u64,
+    /// Bytes of the flash tail cache in `cache_dir` (0: none).
+    pub flash_cache_bytes: u64,
     /// Chained (the engine) or striped (the benchmark's RAID-0 baseline only).
     pub layout: Layout,
+    /// Where the cleaner puts the head's live blocks.
+    pub gc: Gc,
 }
 
 /// What the chain did since it opened, and how full it is.
@@ -78,10 +91,13 @@ pub struct ChainStats {
     pub live_blocks: u64,
     /// Blocks the tail may write before it must wait for cleaning.
     pub free_blocks: u64,
+    /// Live blocks the cleaner moved to the tail, and into holes of the body.
     pub gc_moved_blocks: u64,
+    pub gc_compacted_blocks: u64,
     pub gc_freed_segments: u64,
     pub map_saves: u64,
     pub reads_cache: u64,
+    pub reads_flash_cache: u64,
     pub reads_tail_disk: u64,
     pub reads_body_disk: u64,
     /// Blocks the cleaner read from the tail's disk and from the others.
@@ -92,9 +108,11 @@ pub struct ChainStats {
 #[derive(Default)]
 struct Counters {
     gc_moved_blocks: AtomicU64,
+    gc_compacted_blocks: AtomicU64,
     gc_freed_segments: AtomicU64,
     map_saves: AtomicU64,
     reads_cache: AtomicU64,
+    reads_flash_cache: AtomicU64,
     reads_tail_disk: AtomicU64,
     reads_body_disk: AtomicU64,
     gc_reads_tail_disk: AtomicU64,
@@ -124,7 +142,11 @@ pub(crate) struct State {
     tail: u64,
     /// Blocks appended and not yet written: one write per segment's worth.
     run: Vec<u8>,
+    gc: compact::Gc,
+    /// Compact-in-body's free positions, as of the last map save.
+    holes: compact::Holes,
     cache: TailCache,
+    flash: FlashCache,
     counters: Counters,
 }
 
@@ -165,21 +187,27 @@ impl Chain {
             live_mib = (maps.live_blocks() * BLOCK_BYTES) >> 20,
             "chain opened"
         );
+        let flash = FlashCache::open(&*disk, &options.cache_dir, options.flash_cache_bytes)?;
+        let mut state = State {
+            disk,
+            cache_dir: options.cache_dir.clone(),
+            disks,
+            maps,
+            head_segment,
+            durable_head_segment: head_segment,
+            gc_cursor: head_segment * SEGMENT_BLOCKS,
+            gc_read: None,
+            tail,
+            run: Vec::new(),
+            cache: TailCache::new(options.cache_bytes),
+            flash,
+            counters: Counters::default(),
+            gc: options.gc,
+            holes: Default::default(),
+        };
+        state.find_holes();
         Ok(Chain {
-            state: RwLock::new(State {
-                disk,
-                cache_dir: options.cache_dir.clone(),
-                disks,
-                maps,
-                head_segment,
-                durable_head_segment: head_segment,
-                gc_cursor: head_segment * SEGMENT_BLOCKS,
-                gc_read: None,
-                tail,
-                run: Vec::new(),
-                cache: TailCache::new(options.cache_bytes),
-                counters: Counters::default(),
-            }),
+            state: RwLock::new(state),
         })
     }
 
@@ -277,9 +305,11 @@ impl Chain {
             live_blocks: state.maps.live_blocks(),
             free_blocks: state.room(),
             gc_moved_blocks: c.gc_moved_blocks.load(Relaxed),
+            gc_compacted_blocks: c.gc_compacted_blocks.load(Relaxed),
             gc_freed_segments: c.gc_freed_segments.load(Relaxed),
             map_saves: c.map_saves.load(Relaxed),
             reads_cache: c.reads_cache.load(Relaxed),
+            reads_flash_cache: c.reads_flash_cache.load(Relaxed),
             reads_tail_disk: c.reads_tail_disk.load(Relaxed),
             reads_body_disk: c.reads_body_disk.load(Relaxed),
             gc_reads_tail_disk: c.gc_reads_tail_disk.load(Relaxed),
@@ -324,12 +354,14 @@ impl State {
             &self.maps,
         )?;
         self.durable_head_segment = self.head_segment;
+        self.find_holes();
         self.counters.map_saves.fetch_add(1, Relaxed);
         // What an operator (and the e2e test) reads to see the cleaner at work.
         tracing::info!(
             live_mib = (self.maps.live_blocks() * BLOCK_BYTES) >> 20,
             free_mib = (self.room() * BLOCK_BYTES) >> 20,
             gc_moved_blocks = self.counters.gc_moved_blocks.load(Relaxed),
+            gc_compacted_blocks = self.counters.gc_compacted_blocks.load(Relaxed),
             gc_freed_segments = self.counters.gc_freed_segments.load(Relaxed),
             "chain map saved"
         );
@@ -448,6 +480,7 @@ impl State {
         }
         let start = self.tail - self.run.len() as u64 / BLOCK_BYTES;
         self.disks.write(start, &self.run)?;
+        self.flash.write(start, &self.run)?;
         self.run.clear();
         Ok(())
     }
@@ -458,6 +491,10 @@ impl State {
         if let Some(block) = self.cache.get(position) {
             out.copy_from_slice(block);
             self.counters.reads_cache.fetch_add(1, Relaxed);
+            return Ok(());
+        }
+        if self.flash.read(position, out)? {
+            self.counters.reads_flash_cache.fetch_add(1, Relaxed);
             return Ok(());
         }
         let c = &self.counters;

@@ -1,7 +1,8 @@
 //! The tail cache: the blocks written last, kept in RAM so reads of recent data do
 //! not seek the tail disk away from its sequential writes (the thesis's tail cache).
 //! Keyed by log position, evicted oldest first: a position is written once per lap
-//! of the log, so an entry never goes stale while it is in the cache's window.
+//! of the log by the tail (compact-in-body, which writes behind it, drops the
+//! position first), so an entry never goes stale while it is in the cache's window.
 
 use super::disks::SEGMENT_BLOCKS;
 use crate::block_sums::BLOCK_BYTES;
@@ -34,6 +35,12 @@ impl TailCache {
         }
         self.order.push_back(position);
         self.blocks.insert(position, block.into());
+    }
+
+    /// Drops a position's bytes: compact-in-body rewrote it behind the tail. Its
+    /// place in the eviction order stays until it comes up (the bound holds).
+    pub(crate) fn forget(&mut self, position: u64) {
+        self.blocks.remove(&position);
     }
 
     pub(crate) fn get(&self, position: u64) -> Option<&[u8]> {

@@ -1,0 +1,89 @@
+//! GetCost (the thesis's hint for the replica choice of stale reads): what reading a
+//! block would cost this chain now, cheapest first. A reader with several replicas
+//! to choose from asks each and reads where it is cheapest; a block in a cache
+//! costs no seek, one on an idle body disk one seek, one on the disk the cleaner is
+//! reading competes with it, and one on the tail disk breaks its sequential writes.
+
+use super::map::BlockKey;
+use super::{Chain, LOW_WATER_DIVISOR};
+use crate::block_sums::BLOCK_BYTES;
+use floe_protocol::ChunkId;
+
+/// The expected cost of reading a block, ordered cheapest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ReadCost {
+    /// Never written (reads as zeroes) or in the RAM or flash tail cache.
+    Cache,
+    /// On a body disk the cleaner is not reading.
+    BodyIdle,
+    /// On the disk holding the head while the cleaner runs.
+    BodyCleaning,
+    /// On the tail's disk.
+    TailDisk,
+}
+
+impl Chain {
+    /// What reading the block holding byte `offset` of `chunk` costs now.
+    pub(crate) fn read_cost(&self, chunk: ChunkId, offset: u64) -> ReadCost {
+        let state = self.state.read().unwrap();
+        let key = BlockKey {
+            chunk,
+            block: offset / BLOCK_BYTES,
+        };
+        let Some(slot) = state.maps.get(key) else {
+            return ReadCost::Cache;
+        };
+        if state.cache.get(slot.position).is_some() || state.flash.holds(slot.position) {
+            return ReadCost::Cache;
+        }
+        let disk = state.disks.place(slot.position).0;
+        let cleaning = state.room() < state.disks.total_blocks() / LOW_WATER_DIVISOR;
+        let head = state.head_segment * super::disks::SEGMENT_BLOCKS;
+        if disk == state.disks.place(state.tail).0 {
+            ReadCost::TailDisk
+        } else if cleaning && disk == state.disks.place(head).0 {
+            ReadCost::BodyCleaning
+        } else {
+            ReadCost::BodyIdle
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::gc::tests::{options, write, CHUNK};
+    use super::super::{Chain, Layout};
+    use super::ReadCost;
+    use crate::SimDisk;
+
+    /// 3 x 3 MiB (768 blocks a disk), a RAM cache of one segment, no flash.
+    #[test]
+    fn costs_follow_the_cache_the_tail_and_the_cleaner() {
+        let sim = SimDisk::new();
+        let chain = Chain::open(sim.mount(), &options(Layout::Chained)).unwrap();
+        assert_eq!(chain.read_cost(CHUNK, 0), ReadCost::Cache, "never written");
+        // Positions 0-511, disk 0, the tail's; the RAM cache holds 256-511.
+        write(&chain, 0, &vec![1u8; 2 << 20]);
+        assert_eq!(chain.read_cost(CHUNK, 0), ReadCost::TailDisk);
+        assert_eq!(chain.read_cost(CHUNK, (2 << 20) - 1), ReadCost::Cache);
+        // 512-1023: the tail on disk 1.
+        write(&chain, 8 << 20, &vec![2u8; 2 << 20]);
+        assert_eq!(chain.read_cost(CHUNK, 0), ReadCost::BodyIdle);
+        // 1024-1726, on to disk 2, just short of the cleaning mark (576 free).
+        write(&chain, 16 << 20, &vec![3u8; 703 << 12]);
+        assert_eq!(chain.read_cost(CHUNK, 9 << 20), ReadCost::BodyIdle);
+        assert_eq!(chain.read_cost(CHUNK, 0), ReadCost::BodyIdle);
+        // Two blocks more: 575 free, and the cleaner moves 2 blocks of the head.
+        write(&chain, 32 << 20, &[4u8; 4096]);
+        write(&chain, 32 << 20, &[5u8; 4096]);
+        let stats = chain.stats();
+        assert_eq!(stats.gc_moved_blocks, 2, "{stats:?}");
+        assert_eq!(
+            chain.read_cost(CHUNK, 0),
+            ReadCost::Cache,
+            "moved to the tail"
+        );
+        assert_eq!(chain.read_cost(CHUNK, 8 << 10), ReadCost::BodyCleaning);
+        assert_eq!(chain.read_cost(CHUNK, 9 << 20), ReadCost::BodyIdle);
+    }
+}
