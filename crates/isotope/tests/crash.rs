@@ -23,6 +23,28 @@ struct Crashing {
     below: Arc<MemoryDevice>,
     writes_left: AtomicU64,
     rng: std::sync::Mutex<rand::rngs::StdRng>,
+    /// Whether writes in place complete: if not, they wait forever (the process dies
+    /// before any lands), and commits are answered once logged.
+    in_place: bool,
+}
+
+impl Crashing {
+    fn new(below: Arc<MemoryDevice>, writes_left: u64, seed: u64) -> Arc<Crashing> {
+        Crashing::device(below, writes_left, seed, true)
+    }
+
+    fn never_applied(below: Arc<MemoryDevice>) -> Arc<Crashing> {
+        Crashing::device(below, u64::MAX, 0, false)
+    }
+
+    fn device(below: Arc<MemoryDevice>, writes_left: u64, seed: u64, in_place: bool) -> Arc<Self> {
+        Arc::new(Crashing {
+            below,
+            writes_left: AtomicU64::new(writes_left),
+            rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+            in_place,
+        })
+    }
 }
 
 #[async_trait]
@@ -34,6 +56,9 @@ impl BlockDevice for Crashing {
         self.below.read(offset, length).await
     }
     async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
+        if !self.in_place && offset >= layout::LOG_REGION_BYTES {
+            std::future::pending::<()>().await;
+        }
         match self.writes_left.fetch_sub(1, Ordering::SeqCst) {
             0 => {
                 self.writes_left.store(0, Ordering::SeqCst);
@@ -116,11 +141,7 @@ async fn transfers_are_all_or_nothing_across_crashes_and_fencing() {
         // enough runs that the log ring wraps.
         let mut acknowledged = 0;
         for _ in 0..4 {
-            let device = Arc::new(Crashing {
-                below: memory.clone(),
-                writes_left: AtomicU64::new(rng.gen_range(1..4000)),
-                rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(rng.gen())),
-            });
+            let device = Crashing::new(memory.clone(), rng.gen_range(1..4000), rng.gen());
             let volume = match TxVolume::open(device, Isolation::StrictSerializable).await {
                 Ok(volume) => volume,
                 // Crashed during replay: the next open replays again.
@@ -209,11 +230,7 @@ async fn concurrent_increments_in_groups_lose_nothing() {
     const COUNTERS: usize = 8;
     for isolation in [Isolation::StrictSerializable, Isolation::Snapshot] {
         let memory = Arc::new(MemoryDevice::new(layout::LOG_REGION_BYTES + (1 << 20)));
-        let device = Arc::new(Crashing {
-            below: memory.clone(),
-            writes_left: AtomicU64::new(u64::MAX),
-            rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(0)),
-        });
+        let device = Crashing::new(memory.clone(), u64::MAX, 0);
         let volume = TxVolume::open(device, isolation).await.unwrap();
         let conflicts = std::cell::Cell::new(0u64);
         // Per counter, the (start, commit) versions of its committed increments.
@@ -291,11 +308,7 @@ async fn concurrent_increments_in_groups_lose_nothing() {
 #[tokio::test]
 async fn a_commit_cancelled_mid_way_stops_the_volume_and_reopening_recovers_it() {
     let memory = Arc::new(MemoryDevice::new(layout::LOG_REGION_BYTES + (1 << 20)));
-    let device = Arc::new(Crashing {
-        below: memory.clone(),
-        writes_left: AtomicU64::new(u64::MAX),
-        rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(0)),
-    });
+    let device = Crashing::new(memory.clone(), u64::MAX, 0);
     let v = TxVolume::open(device, Isolation::StrictSerializable)
         .await
         .unwrap();
@@ -322,38 +335,6 @@ async fn a_commit_cancelled_mid_way_stops_the_volume_and_reopening_recovers_it()
     }
 }
 
-/// A device whose writes in place never complete (the process dies before any lands):
-/// commits are answered once logged.
-struct NeverApplied(Arc<MemoryDevice>);
-
-#[async_trait]
-impl BlockDevice for NeverApplied {
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    async fn read(&self, offset: u64, length: u32) -> Result<Bytes, IoError> {
-        self.0.read(offset, length).await
-    }
-    async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
-        if offset >= layout::LOG_REGION_BYTES {
-            std::future::pending::<()>().await;
-        }
-        self.0.write(offset, data, fua).await
-    }
-    async fn flush(&self) -> Result<(), IoError> {
-        self.0.flush().await
-    }
-    async fn trim(&self, offset: u64, length: u64) -> Result<(), IoError> {
-        self.0.trim(offset, length).await
-    }
-    async fn write_zeroes(&self, offset: u64, length: u64, punch: bool) -> Result<(), IoError> {
-        self.0.write_zeroes(offset, length, punch).await
-    }
-    async fn extents(&self, offset: u64, length: u64) -> Result<Vec<Extent>, IoError> {
-        self.0.extents(offset, length).await
-    }
-}
-
 /// Committed transactions whose blocks never reached their place: the volume reads
 /// them (from the applier's dirty blocks) while open, and after a crash reopening
 /// shows every one of them (replay), though nothing of theirs is in place.
@@ -361,7 +342,7 @@ impl BlockDevice for NeverApplied {
 async fn committed_transactions_left_unapplied_are_there_after_reopening() {
     let memory = Arc::new(MemoryDevice::new(layout::LOG_REGION_BYTES + (1 << 20)));
     let volume = TxVolume::open(
-        Arc::new(NeverApplied(memory.clone())),
+        Crashing::never_applied(memory.clone()),
         Isolation::StrictSerializable,
     )
     .await
@@ -417,7 +398,7 @@ async fn the_ring_does_not_wrap_over_unapplied_records() {
         layout::LOG_REGION_BYTES + commits * BLOCK_BYTES as u64,
     ));
     let volume = TxVolume::open(
-        Arc::new(NeverApplied(memory.clone())),
+        Crashing::never_applied(memory.clone()),
         Isolation::StrictSerializable,
     )
     .await
