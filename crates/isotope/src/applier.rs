@@ -3,7 +3,12 @@
 //! its members are answered after the log write; each block it wrote waits here, its
 //! newest committed image in the dirty map (which reads consult before the volume),
 //! until a background task writes it in place: once per round, however many commits
-//! wrote it meanwhile (a hot block's commits coalesce).
+//! wrote it meanwhile (a hot block's commits coalesce). A block written in place
+//! stays as a clean image (at most [`CLEAN_BLOCKS_MAX`]), so reads of blocks this
+//! volume wrote lately cost no device read: only commits write the data blocks while
+//! the volume is open, and each hands its images over here, so a clean image is the
+//! newest too. (Images read from the device are not kept: one could land after a
+//! newer commit's.)
 //!
 //! Bounded: past [`DIRTY_BLOCKS_MAX`] blocks, commits wait for the task ([`Applier::room`]).
 //! The log's ring wraps only once everything logged is in place ([`Applier::drain`]),
@@ -20,6 +25,8 @@ use tokio::sync::Notify;
 
 /// Dirty blocks held at most (16 MiB): past it, commits wait for the applier.
 pub const DIRTY_BLOCKS_MAX: usize = 4096;
+/// Clean images kept at most (32 MiB): past it, the lowest block's goes.
+pub const CLEAN_BLOCKS_MAX: usize = 8192;
 /// Blocks one round writes at most, taken on from where the last round stopped.
 const ROUND_BLOCKS_MAX: usize = 256;
 
@@ -36,6 +43,8 @@ struct Dirty {
     /// Per block not yet in place: the newest committed version that wrote it, and
     /// its image as of that version.
     blocks: BTreeMap<u64, (u64, Bytes)>,
+    /// Blocks in place whose newest image this is (none of them in `blocks`).
+    clean: BTreeMap<u64, Bytes>,
     /// The newest version handed over: every version up to it is in place, or its
     /// blocks' images (or newer ones) are in `blocks`.
     logged: u64,
@@ -45,6 +54,15 @@ struct Dirty {
     closed: bool,
 }
 
+impl Dirty {
+    fn keep_clean(&mut self, block: u64, image: Bytes) {
+        if self.clean.len() >= CLEAN_BLOCKS_MAX {
+            self.clean.pop_first();
+        }
+        self.clean.insert(block, image);
+    }
+}
+
 impl Applier {
     /// Starts the task over `device`, whose log is replayed up to `version`.
     pub(crate) fn start(device: Arc<dyn BlockDevice>, version: u64) -> Arc<Applier> {
@@ -52,6 +70,7 @@ impl Applier {
             device,
             dirty: Mutex::new(Dirty {
                 blocks: BTreeMap::new(),
+                clean: BTreeMap::new(),
                 logged: version,
                 next: 0,
                 failed: None,
@@ -64,10 +83,14 @@ impl Applier {
         applier
     }
 
-    /// `block`'s newest committed image, if it is not yet in place.
+    /// `block`'s newest committed image, if it is not yet in place or was written in
+    /// place lately.
     pub(crate) fn get(&self, block: u64) -> Option<Bytes> {
         let dirty = self.dirty.lock().unwrap();
-        dirty.blocks.get(&block).map(|(_, image)| image.clone())
+        match dirty.blocks.get(&block) {
+            Some((_, image)) => Some(image.clone()),
+            None => dirty.clean.get(&block).cloned(),
+        }
     }
 
     /// Takes a logged group's newest images, `version` its last member's.
@@ -81,6 +104,7 @@ impl Applier {
         dirty.logged = version;
         for (block, image) in images {
             assert_eq!(image.len(), BLOCK_BYTES, "whole blocks are applied");
+            dirty.clean.remove(&block);
             dirty.blocks.insert(block, (version, image));
         }
         assert!(
@@ -175,12 +199,13 @@ impl Applier {
                         ));
                     }
                     None => {
-                        for (block, version, _) in round {
+                        for (block, version, image) in round {
                             // A later commit wrote it meanwhile: the next round writes that.
                             let newest = dirty.blocks[&block].0;
                             assert!(newest >= version, "block {block} went back a version");
                             if newest == version {
                                 dirty.blocks.remove(&block);
+                                dirty.keep_clean(block, image);
                             }
                         }
                     }

@@ -408,8 +408,8 @@ impl Inner {
     /// The newest contents of `block` (committed, or an earlier group member's):
     /// the window's if a commit there wrote it; else the image the transaction read
     /// as of its start (still the newest: a later commit would be in the window, or
-    /// have preempted the transaction); else the applier's dirty image; else read from
-    /// the volume.
+    /// have preempted the transaction); else the applier's image; else read from the
+    /// volume.
     async fn newest(&self, block: u64, base: Option<&Bytes>) -> Result<Bytes, TxError> {
         if let Some(image) = self.state.lock().unwrap().window.newest(block) {
             return Ok(image);
