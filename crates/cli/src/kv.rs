@@ -177,9 +177,11 @@ pub async fn run(master: &str, command: KvCommand) -> Result<(), String> {
     let volume = floe_isotope::open(master, &name, "floe kv", isolation).await?;
     let device = volume.device();
     let done = execute(&volume, isolation, index, Some(device), &name, command).await;
+    // In place before the lease goes, for a plain (NBD) reader of the volume.
+    let settled = volume.settle().await;
     drop(volume);
     tokio::time::sleep(RELEASE_WAIT).await;
-    done
+    done.and(settled.map_err(|e| format!("volume {name}: {e}")))
 }
 
 /// Runs `command` on `volume` (here or through a gateway; `device`: the volume

@@ -35,6 +35,9 @@ pub trait Transactions: Sync {
         &self,
         isolation: Option<Isolation>,
     ) -> impl Future<Output = Result<Self::Tx, TxError>> + Send;
+    /// Waits until what committed so far is written in place (commits are answered
+    /// once logged), for a plain reader or writer of the volume to come.
+    fn settle(&self) -> impl Future<Output = Result<(), TxError>> + Send;
 }
 
 impl Blocks for crate::Transaction {
@@ -67,5 +70,8 @@ impl Transactions for crate::TxVolume {
             Some(isolation) => crate::TxVolume::begin_with(self, isolation),
             None => self.begin(),
         }
+    }
+    async fn settle(&self) -> Result<(), TxError> {
+        crate::TxVolume::settle(self).await
     }
 }

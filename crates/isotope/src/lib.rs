@@ -7,12 +7,14 @@
 //! - [`window`]: the conflict window of recent commits, with their before-images.
 //! - [`transaction`]: a transaction's read/write set and its calls.
 //! - [`volume`]: a volume open for transactions: versions, commit.
+//! - [`applier`]: committed blocks written in place in the background.
 //! - [`kv`]: a transactional key-value store on it (IsoHT-like).
 //! - [`btree`]: a transactional B-tree on it (IsoBT-like).
 //! - [`blocks`]: what those run on: a transaction here or through a gateway.
 //! - [`remote`]: transactions served by the gateway that holds the volume.
 //!
 //! [`open`] opens a volume by name (taking its lease) for transactions.
+mod applier;
 pub mod blocks;
 pub mod btree;
 mod error;

@@ -5,8 +5,9 @@
 //! idempotent (records hold whole new blocks, not changes), so a crash during replay
 //! or during an apply is repaired by the next open.
 //!
-//! The applied pointer (the superblock) moves only when the ring wraps: every record
-//! before then is applied and flushed, so replay reads at most one ring.
+//! The applied pointer (the superblock) moves only when the ring wraps: the appender
+//! sees to it that every record before then is applied ([`Log::fits`]), and the wrap
+//! flushes them, so replay reads at most one ring.
 
 use crate::layout::{self, Superblock, BLOCK_BYTES, RING_BYTES, RING_OFFSET};
 use bytes::Bytes;
@@ -73,6 +74,12 @@ impl Log {
         self.last
     }
 
+    /// Whether `bytes` of records fit before the ring's end: if not, appending them
+    /// wraps, which requires every record before to be applied in place.
+    pub fn fits(&self, bytes: u64) -> bool {
+        self.position + bytes <= RING_BYTES
+    }
+
     async fn replay(&mut self) -> Result<u64, String> {
         let mut replayed = 0;
         while self.position + BLOCK_BYTES as u64 <= RING_BYTES {
@@ -130,8 +137,8 @@ impl Log {
         }
         let length = bytes.len() as u64;
         assert!(length <= RING_BYTES / 4, "a group of {length} bytes");
-        if self.position + length > RING_BYTES {
-            // Everything before is applied: flush it, then move the pointer to the
+        if !self.fits(length) {
+            // Everything before is applied (the caller's duty): flush it, then move the pointer to the
             // ring's start so replay never reads the records about to be overwritten.
             self.device.flush().await?;
             let moved = Superblock {

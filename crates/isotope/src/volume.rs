@@ -1,7 +1,8 @@
 //! A volume opened for transactions: the version counter, the open transactions, the
-//! conflict window, and the commit path (decide, merge, log, apply), one commit at a
-//! time.
+//! conflict window, and the commit path (decide, merge, log, hand over to the
+//! [`crate::applier`]), one group of commits at a time.
 
+use crate::applier::{Applier, DIRTY_BLOCKS_MAX};
 use crate::layout::{self, BLOCK_BYTES};
 use crate::log::Log;
 use crate::transaction::{Body, Transaction};
@@ -22,6 +23,9 @@ pub const WINDOW_BLOCKS_MAX: usize = 16384;
 /// Records one group commit writes at most: a quarter of the ring, so that a group
 /// always fits once the ring wrapped.
 const GROUP_BYTES_MAX: u64 = layout::RING_BYTES / 4;
+/// Blocks one group writes at most (records hold a header block besides).
+const GROUP_BLOCKS_MAX: usize = (GROUP_BYTES_MAX / BLOCK_BYTES as u64) as usize;
+const _: () = assert!(GROUP_BLOCKS_MAX < DIRTY_BLOCKS_MAX);
 
 struct Unfinished<'a>(&'a Inner, bool);
 
@@ -54,10 +58,19 @@ pub(crate) struct Inner {
     /// order.
     log: tokio::sync::Mutex<Log>,
     pending: Mutex<std::collections::VecDeque<Pending>>,
+    /// Writes committed blocks in place after their members were answered.
+    applier: Arc<Applier>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.applier.close();
+    }
 }
 
 struct State {
-    /// The newest version applied in place: what a transaction beginning now sees.
+    /// The newest version committed (logged, and in place or in the applier's dirty
+    /// map): what a transaction beginning now sees.
     version: u64,
     /// Start versions of the open transactions, with their counts.
     open: BTreeMap<u64, usize>,
@@ -96,6 +109,7 @@ impl TxVolume {
             ));
         }
         let log = Log::open(device.clone()).await?;
+        let applier = Applier::start(device.clone(), log.last_version());
         let state = State {
             version: log.last_version(),
             open: BTreeMap::new(),
@@ -113,6 +127,7 @@ impl TxVolume {
                 state: Mutex::new(state),
                 log: tokio::sync::Mutex::new(log),
                 pending: Mutex::new(Default::default()),
+                applier,
             }),
         })
     }
@@ -120,6 +135,14 @@ impl TxVolume {
     /// The volume below, for a caller that stops using transactions on it.
     pub fn device(&self) -> Arc<dyn BlockDevice> {
         self.inner.device.clone()
+    }
+
+    /// Waits until every committed block is written in place, and flushes: for a
+    /// caller about to let the volume go, so that a plain reader of it (NBD) sees
+    /// every commit without replaying the log.
+    pub async fn settle(&self) -> Result<(), TxError> {
+        self.inner.applier.drain().await.map_err(TxError::Stopped)?;
+        self.inner.device.flush().await.map_err(TxError::Io)
     }
 
     /// Blocks a transaction may address.
@@ -189,13 +212,19 @@ impl Inner {
 
     /// `block` as of version `start`.
     pub(crate) async fn read_as_of(&self, start: u64, block: u64) -> Result<Bytes, TxError> {
-        let read = self
-            .device
-            .read(layout::data_offset(block), BLOCK_BYTES as u32)
-            .await
-            .map_err(TxError::Io)?;
-        // Looked at after the read: a commit enters the window before it writes in
-        // place, so a block overwritten (or being overwritten) since `start` is found.
+        // The newest committed image: not yet in place, or in place (a block leaves the
+        // dirty map only once written).
+        let read = match self.applier.get(block) {
+            Some(image) => image,
+            None => self
+                .device
+                .read(layout::data_offset(block), BLOCK_BYTES as u32)
+                .await
+                .map_err(TxError::Io)?,
+        };
+        // Looked at after the read: a commit enters the window before it is logged,
+        // handed over or written in place, so a block overwritten (or being
+        // overwritten) since `start` is found.
         let state = self.state.lock().unwrap();
         if start < state.floor {
             return Err(TxError::Preempted {
@@ -232,7 +261,7 @@ impl Inner {
             .unwrap()
             .push_back(Pending { body, done });
         // Whoever holds the log commits everything waiting (group commit): one log
-        // write and one round of applies for many transactions.
+        // write for many transactions; the applier writes their blocks in place.
         let mut log = self.log.lock().await;
         loop {
             match answer.try_recv() {
@@ -249,6 +278,10 @@ impl Inner {
     /// Takes the oldest waiting commits, at most [`GROUP_BYTES_MAX`] of records (at
     /// least one), and answers each.
     async fn commit_group(&self, log: &mut Log) {
+        // Back-pressure: the applier has room for any group before one is taken.
+        if let Err(why) = self.applier.room(GROUP_BLOCKS_MAX).await {
+            self.stop(why);
+        }
         let group = {
             let mut pending = self.pending.lock().unwrap();
             let mut bytes = 0;
@@ -284,10 +317,13 @@ impl Inner {
             assert_eq!(
                 state.version,
                 log.last_version(),
-                "every logged version is applied"
+                "every logged version is visible"
             );
             state.version
         };
+        if let Some(why) = self.applier.failed() {
+            return Err(self.stop(why));
+        }
         let mut outcomes = Vec::new();
         let mut records = Vec::new();
         // The group's newest image of each block it writes.
@@ -342,44 +378,49 @@ impl Inner {
         if records.is_empty() {
             return Ok(outcomes);
         }
+        let bytes = records
+            .iter()
+            .map(|(_, b)| layout::record_bytes(b.len()))
+            .sum();
+        if !log.fits(bytes) {
+            // The ring wraps: the superblock may move past the records before only once
+            // their blocks are in place.
+            let applied = self.applier.drain().await.map_err(|why| self.stop(why))?;
+            assert_eq!(
+                applied,
+                log.last_version(),
+                "the ring wraps over unapplied records"
+            );
+        }
         log.append(&records).await.map_err(|e| {
             self.stop(format!(
                 "appending versions up to {version} to the log: {e}"
             ))
         })?;
-        let applies = newest.iter().map(|(block, data)| {
-            self.device
-                .write(layout::data_offset(*block), data.clone(), false)
-        });
-        for applied in futures::future::join_all(applies).await {
-            applied.map_err(|e| {
-                self.stop(format!(
-                    "versions up to {version} are logged but applying them failed ({e}); reopening replays them"
-                ))
-            })?;
-        }
-        // Only now do new transactions see them: one beginning mid-apply reads the
-        // before-images instead of half-written blocks.
+        // Committed: durable in the log. Reads find the blocks in the dirty map from
+        // here, and only now do new transactions see the versions (no await since the
+        // append, so a cancelled group stops the volume only before it).
+        self.applier.hand_over(version, newest);
         self.state.lock().unwrap().version = version;
         Ok(outcomes)
     }
 
     /// The newest contents of `block` (committed, or an earlier group member's):
     /// the window's if a commit there wrote it; else the image the transaction read
-    /// as of its start (it is still in place: a later commit would be in the window,
-    /// or have preempted the transaction); else read from the volume.
+    /// as of its start (still the newest: a later commit would be in the window, or
+    /// have preempted the transaction); else the applier's image; else read from the
+    /// volume.
     async fn newest(&self, block: u64, base: Option<&Bytes>) -> Result<Bytes, TxError> {
         if let Some(image) = self.state.lock().unwrap().window.newest(block) {
             return Ok(image);
         }
-        match base {
-            Some(image) => Ok(image.clone()),
-            None => self
-                .device
-                .read(layout::data_offset(block), BLOCK_BYTES as u32)
-                .await
-                .map_err(|e| self.stop(format!("reading block {block} to commit: {e}"))),
+        if let Some(image) = base.cloned().or_else(|| self.applier.get(block)) {
+            return Ok(image);
         }
+        self.device
+            .read(layout::data_offset(block), BLOCK_BYTES as u32)
+            .await
+            .map_err(|e| self.stop(format!("reading block {block} to commit: {e}")))
     }
 
     fn enter_window(&self, committed: Committed) {

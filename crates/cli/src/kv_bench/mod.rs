@@ -108,6 +108,9 @@ pub async fn run<V: Transactions>(
             let Some(device) = device else {
                 return Err("--engine locks opens the volume here: not with --gateway".into());
             };
+            // Isotope's applier writes nothing more once the baseline takes over.
+            let settled = volume.volume.settle().await;
+            settled.map_err(|e| format!("volume {name}: {e}"))?;
             let store = locked::Locked::open(device).await?;
             measure(options.clients, options.duration, |mut rng| {
                 let store = &store;
