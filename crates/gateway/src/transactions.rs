@@ -99,11 +99,23 @@ impl Transactions {
     async fn close_idle(self: Arc<Self>) {
         loop {
             tokio::time::sleep(IDLE_CLOSE / 4).await;
-            let mut served = self.served.lock().await;
-            let open = self.open.lock().unwrap();
-            served.retain(|volume, (_, began)| {
-                began.elapsed() < IDLE_CLOSE || open.values().any(|e| &e.volume == volume)
-            });
+            let idle: Vec<(String, Arc<Served>)> = {
+                let mut served = self.served.lock().await;
+                let open = self.open.lock().unwrap();
+                let names: Vec<String> = served
+                    .iter()
+                    .filter(|(volume, (_, began))| {
+                        began.elapsed() >= IDLE_CLOSE
+                            && !open.values().any(|e| &e.volume == *volume)
+                    })
+                    .map(|(volume, _)| volume.clone())
+                    .collect();
+                let mut closing = |name: String| served.remove(&name).map(|(v, _)| (name, v));
+                names.into_iter().filter_map(&mut closing).collect()
+            };
+            for (name, volume) in idle {
+                settle(&name, &volume).await;
+            }
         }
     }
 
@@ -148,12 +160,29 @@ impl Transactions {
         for slot in slots {
             *slot.lock().await = Slot::Ended(why.clone());
         }
-        drop(served);
+        // Commits under way finish first, then everything committed goes in place.
         let give_up = Instant::now() + GIVE_UP_WAIT_MAX;
+        while Arc::strong_count(&served) > 1 && Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        settle(volume, &served).await;
+        drop(served);
         while device.strong_count() > 0 && Instant::now() < give_up {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         true
+    }
+}
+
+/// Writes every commit of a volume this gateway lets go in place (they are answered
+/// once logged): a plain reader of it (NBD, here or at the next holder) then sees
+/// them all without replaying the log.
+async fn settle(name: &str, served: &Served) {
+    if let Err(e) = served.volume.settle().await {
+        tracing::warn!(
+            volume = name,
+            "commits not all in place as the volume closes: {e}; its next transactional open replays them"
+        );
     }
 }
 
