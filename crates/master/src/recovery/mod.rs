@@ -6,7 +6,8 @@
 //! stopped heartbeating (or was marked lost), or a replica a writer reported lagging;
 //! then, with what is left of the move budget, for healthy chunks the map places
 //! elsewhere (after `floe cluster expand` in crush mode, a remap, shrink or merge, or
-//! when a failed server returns). For each, at most [`Limits::concurrency`] at a time:
+//! when a failed server returns). Repairs go fewest good replicas first
+//! ([`plan::repairs_due`]). For each, at most [`Limits::concurrency`] at a time:
 //! 1. the map gives the new replica set, around servers that are down or lost, and
 //!    every target (new replicas, laggards) that needs a whole copy makes it from the
 //!    most recent good replica while writes continue, at most
@@ -267,14 +268,12 @@ pub async fn run(master: Arc<Master>) {
                 let running = progress.counters.lock().unwrap().in_progress.len();
                 progress.limits.concurrency.saturating_sub(running)
             };
-            let degraded = state
+            let chunks = state
                 .chunks
                 .iter()
-                .flat_map(|(volume_id, chunks)| chunks.values().map(move |p| (*volume_id, p)))
-                .filter(|(_, p)| matches!(health(p, &state.servers), Health::Degraded))
-                .map(|(volume_id, p)| (volume_id, p.index))
-                .filter(|job| !busy.contains(job))
-                .take(free(Kind::Repair))
+                .flat_map(|(volume_id, chunks)| chunks.values().map(move |p| (*volume_id, p)));
+            let degraded = plan::repairs_due(chunks, &state.servers, &busy, free(Kind::Repair))
+                .into_iter()
                 .map(|job| (Kind::Repair, job));
             let moves = misplaced(&master, &state)
                 .into_iter()

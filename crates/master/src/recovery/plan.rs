@@ -8,7 +8,7 @@
 use crate::Failure;
 use floe_placement::cluster::Placer;
 use floe_protocol::{ChunkId, ChunkPlacement, ServerId, ServerInfo, Status, VolumeSpec};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub(crate) type Servers = BTreeMap<ServerId, ServerInfo>;
 
@@ -41,6 +41,33 @@ fn majority(n: usize) -> usize {
 
 fn up(servers: &Servers, id: ServerId) -> bool {
     servers.get(&id).is_some_and(|s| s.up && !s.lost)
+}
+
+/// Which degraded chunks to repair next, at most `n` of those not `busy`: the ones
+/// with the fewest good replicas (up, not stale) first, then in chunk order. Below a
+/// majority of good replicas a chunk takes no reads or writes until a repair brings
+/// one back, while a chunk missing one replica of three serves on: after a restart
+/// puts many chunks in repair at once, the blocked ones must not wait their turn.
+pub(crate) fn repairs_due<'a>(
+    chunks: impl Iterator<Item = (u64, &'a ChunkPlacement)>,
+    servers: &Servers,
+    busy: &BTreeSet<(u64, u64)>,
+    n: usize,
+) -> Vec<(u64, u64)> {
+    let good = |p: &ChunkPlacement| {
+        let replicas = p.replicas.iter();
+        replicas
+            .filter(|id| up(servers, **id) && !p.stale.contains(id))
+            .count()
+    };
+    let mut due: Vec<(usize, (u64, u64))> = chunks
+        .filter(|(_, p)| matches!(health(p, servers), Health::Degraded))
+        .map(|(volume_id, p)| (good(p), (volume_id, p.index)))
+        .filter(|(_, job)| !busy.contains(job))
+        .collect();
+    // Stable: chunk order among equals.
+    due.sort_by_key(|(good, _)| *good);
+    due.into_iter().take(n).map(|(_, job)| job).collect()
 }
 
 /// The replicas that can vote (up, not lost) and how many must: a majority of the
@@ -451,6 +478,32 @@ mod tests {
             .iter()
             .map(|(id, v)| (*id, Some((3, *v))))
             .collect()
+    }
+
+    #[test]
+    fn chunks_with_the_fewest_good_replicas_are_repaired_first() {
+        let mut cluster = Cluster::new();
+        let mut chunks: Vec<ChunkPlacement> = (0..6).map(|i| cluster.chunk(i)).collect();
+        // Chunks 0 and 4 healthy; 1 and 2 lag one replica; 3 and 5 lag two (one good
+        // replica left: no I/O reaches them).
+        for (i, stale) in [(1, vec![0]), (2, vec![1]), (3, vec![0, 2]), (5, vec![1, 2])] {
+            chunks[i].stale = stale.iter().map(|&r| chunks[i].replicas[r]).collect();
+        }
+        let due = |cluster: &Cluster, busy: &BTreeSet<(u64, u64)>, n| {
+            let all = chunks.iter().map(|p| (1, p));
+            repairs_due(all, &cluster.servers, busy, n)
+        };
+        assert_eq!(due(&cluster, &BTreeSet::new(), 2), [(1, 3), (1, 5)]);
+        let rest = due(&cluster, &BTreeSet::from([(1, 3)]), 10);
+        assert_eq!(rest, [(1, 5), (1, 1), (1, 2)], "then in chunk order");
+        // A replica on a server that went down is not good either: chunk 2's other
+        // replicas are up and current unless they share that server.
+        let gone = chunks[2].replicas[0];
+        cluster.down(gone);
+        if !chunks[1].replicas.contains(&gone) {
+            let rest = due(&cluster, &BTreeSet::from([(1, 3), (1, 5)]), 10);
+            assert_eq!(rest[0], (1, 2), "{rest:?}");
+        }
     }
 
     #[test]
