@@ -14,6 +14,7 @@ pub mod replica;
 mod staging;
 
 use bytes::Bytes;
+use floe_chunkstore::block_sums::BLOCK_BYTES;
 use floe_chunkstore::space::Room;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
 pub use floe_chunkstore::{ChainGc, ChainOptions, JournalDir, Options as StoreOptions};
@@ -722,6 +723,37 @@ impl ChunkServer {
                     pending,
                 })
             }
+            ReplicaRequest::BlockSums { chunk } => {
+                self.store.sync().await.map_err(control_store_error)?;
+                let version = self.state(chunk).version;
+                let sums = self
+                    .store
+                    .block_sums(chunk)
+                    .await
+                    .map_err(control_store_error)?;
+                // A source's bad block would only be copied as bad: repair it first.
+                let sums = sums
+                    .into_iter()
+                    .enumerate()
+                    .map(|(block, sum)| {
+                        sum.ok_or_else(|| {
+                            let offset = block as u64 * BLOCK_BYTES;
+                            (
+                                Status::Io,
+                                format!("block at {offset} fails its checksum here"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<u32>, _>>()?;
+                let pending = self
+                    .existing(chunk)
+                    .is_some_and(|slot| slot.replica.lock().unwrap().pending());
+                Ok(ReplicaResponse::BlockSums {
+                    version,
+                    sums,
+                    pending,
+                })
+            }
             ReplicaRequest::Sync { chunk, version } => {
                 self.store.sync().await.map_err(control_store_error)?;
                 let held = self.state(chunk).version;
@@ -1100,6 +1132,82 @@ mod tests {
             "{response:?}"
         );
         assert!(holds_v2().await);
+    }
+
+    #[tokio::test]
+    async fn a_repair_whose_source_restarted_copies_only_the_blocks_that_differ() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (source, replica) = (server(a.path()), server(b.path()));
+        let mut version = 0;
+        for block in 0..16 {
+            let next = next_version(version, 1);
+            for server in [&source, &replica] {
+                let change = write(CHUNK, 0, version, next, block * 4096);
+                let response = server.clone().handle(change).await;
+                assert!(matches!(response, Response::Done), "{response:?}");
+            }
+            version = next;
+        }
+        // The replica misses two changes: a new block, and a block rewritten with
+        // other bytes (far apart: a copy reads blocks close together as one). A third
+        // rewrites a block with the bytes it held: nothing differs.
+        let new_block = write(CHUNK, 0, version, next_version(version, 1), 256 * 4096);
+        version = next_version(version, 1);
+        let mut rewritten = write(CHUNK, 0, version, next_version(version, 1), 2 * 4096);
+        if let Request::Write { data, .. } = &mut rewritten {
+            *data = Bytes::from(vec![0xcd; data.len()]);
+        }
+        version = next_version(version, 1);
+        let same = write(CHUNK, 0, version, next_version(version, 1), 5 * 4096);
+        version = next_version(version, 1);
+        for change in [new_block, rewritten, same] {
+            let response = source.clone().handle(change).await;
+            assert!(matches!(response, Response::Done), "{response:?}");
+        }
+        // Both restart: the source's journal lite is gone.
+        drop((source, replica));
+        let source = server(a.path());
+        let replica = server_over(b.path(), ConnectionPool::over(Arc::new(To(source.clone()))));
+        let log = ReplicaRequest::LogSince {
+            chunk: CHUNK,
+            since: next_version(0, 16),
+        };
+        let response = source.clone().handle(Request::Replica(log)).await;
+        assert_eq!(status(&response), Some(Status::NotFound), "{response:?}");
+        let repair = Request::Replica(ReplicaRequest::Repair {
+            chunk: CHUNK,
+            source: "source".into(),
+            kind: RepairKind::CatchUp,
+            bytes_per_second: 0,
+        });
+        let response = replica.clone().handle(repair).await;
+        assert!(
+            matches!(
+                response,
+                Response::Replica(ReplicaResponse::Repaired {
+                    version: v,
+                    incremental: false,
+                    compared: true,
+                    bytes: 8192,
+                }) if v == version
+            ),
+            "{response:?}"
+        );
+        for server in [&source, &replica] {
+            let read = Request::Read {
+                chunk: CHUNK,
+                offset: 0,
+                length: 257 * 4096,
+                min_version: 0,
+                max_version: u64::MAX,
+            };
+            let Response::Data(data) = server.clone().handle(read).await else {
+                panic!("no data")
+            };
+            assert!(data[2 * 4096..3 * 4096].iter().all(|b| *b == 0xcd));
+            assert!(data[256 * 4096..].iter().all(|b| *b == 0xab));
+            assert!(data[16 * 4096..256 * 4096].iter().all(|b| *b == 0));
+        }
     }
 
     #[tokio::test]

@@ -1,8 +1,11 @@
 //! Repair: brings this replica of a chunk up to date by pulling from a peer replica
 //! (URSA section 4.2.1). Incremental when the peer's journal lite reaches back to
-//! this replica's version: only the ranges changed since are copied. Otherwise the
-//! whole chunk is copied, then the changes made during the copy are pulled
-//! incrementally on top.
+//! this replica's version: only the ranges changed since are copied. Otherwise (the
+//! peer restarted, or this replica fell far behind) the two compare a fingerprint of
+//! each 4 KiB block and only the blocks that differ are copied; the whole chunk when
+//! the replica has none to compare (version 0) or holds data where the peer holds a
+//! hole. Either way the changes made during the copy are then pulled incrementally
+//! on top.
 //!
 //! While a repair runs the replica refuses changes. Data read from a source while
 //! changes land there may hold one newer than the version the source reported, which
@@ -16,6 +19,7 @@ use crate::replica::merge;
 use crate::staging::{self, Staged};
 use crate::{ChunkServer, Slot};
 use bytes::Bytes;
+use floe_chunkstore::block_sums::BLOCK_BYTES;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
 use floe_chunkstore::{ChunkMeta, StoreError};
 use floe_protocol::connection::CallError;
@@ -89,10 +93,14 @@ impl Pull<'_> {
             .await?
         {
             Response::Replica(reply) => Ok(reply),
-            other => Err(CallError::BadReply {
-                address: self.source.to_string(),
-                reason: format!("{other:?}"),
-            }),
+            other => Err(self.bad_reply(other)),
+        }
+    }
+
+    fn bad_reply(&self, reply: impl std::fmt::Debug) -> CallError {
+        CallError::BadReply {
+            address: self.source.to_string(),
+            reason: format!("{reply:?}"),
         }
     }
 
@@ -109,10 +117,7 @@ impl Pull<'_> {
                 ranges,
                 pending,
             }),
-            other => Err(CallError::BadReply {
-                address: self.source.to_string(),
-                reason: format!("{other:?}"),
-            }),
+            other => Err(self.bad_reply(other)),
         }
     }
 
@@ -208,13 +213,13 @@ impl Pull<'_> {
         Ok(None)
     }
 
-    /// Returns (version reached, incremental, bytes copied).
+    /// Returns (version reached, how, bytes copied).
     async fn run(
         &mut self,
         view: u64,
         since: u64,
         kind: RepairKind,
-    ) -> Result<(u64, bool, u64), Failure> {
+    ) -> Result<(u64, How, u64), Failure> {
         // At version 0 a replica may hold anything (a repair that failed part-way
         // left it so), not nothing: only a whole copy makes it exact.
         if kind != RepairKind::Whole && since > 0 {
@@ -225,16 +230,67 @@ impl Pull<'_> {
             match self.ranges(log).await {
                 // Small: done under the view change's freeze, where the source holds
                 // still.
-                Ok(_) if kind == RepairKind::Prefetch => return Ok((since, true, 0)),
+                Ok(_) if kind == RepairKind::Prefetch => return Ok((since, How::Log, 0)),
                 Ok(changed) => return self.incremental(view, changed).await,
                 Err(CallError::Remote {
                     status: Status::NotFound,
                     ..
-                }) => {}
+                }) => return self.differing(view, since, kind).await,
                 Err(e) => return Err(failed(e)),
             }
         }
         self.whole(view, since, kind).await
+    }
+
+    /// Copies the blocks whose fingerprints differ from the source's into an overlay,
+    /// laid over the replica once the copy converged at a version no lower than the
+    /// replica's. An overlay cannot take data away: where the source holds a hole and
+    /// the replica data (a write the others never got), the whole chunk is copied;
+    /// so it is from a source too old to list its blocks.
+    async fn differing(
+        &mut self,
+        view: u64,
+        since: u64,
+        kind: RepairKind,
+    ) -> Result<(u64, How, u64), Failure> {
+        let (version, theirs, pending) = match self
+            .ask(ReplicaRequest::BlockSums { chunk: self.chunk })
+            .await
+        {
+            Ok(ReplicaResponse::BlockSums {
+                version,
+                sums,
+                pending,
+            }) => (version, sums, pending),
+            Ok(other) => return Err(failed(self.bad_reply(other))),
+            Err(CallError::Remote {
+                status: Status::BadRequest,
+                ..
+            }) => return self.whole(view, since, kind).await,
+            Err(e) => return Err(failed(e)),
+        };
+        let store = &self.server.store;
+        store.sync().await.map_err(io)?;
+        let ours = store.block_sums(self.chunk).await.map_err(io)?;
+        let mut differ = Vec::new();
+        for block in 0..theirs.len().max(ours.len()) {
+            let theirs = theirs.get(block).copied().unwrap_or(0);
+            let ours = ours.get(block).copied().unwrap_or(Some(0));
+            if ours == Some(theirs) {
+                continue;
+            }
+            if theirs == 0 {
+                return self.whole(view, since, kind).await;
+            }
+            differ.push((block as u64 * BLOCK_BYTES, BLOCK_BYTES));
+        }
+        let changed = Ranges {
+            version,
+            ranges: merge(&mut differ, 0),
+            pending,
+        };
+        let outcome = self.staged(view, Staged::Overlay, changed, since).await?;
+        settled(outcome, How::Compared, kind, since)
     }
 
     /// Copies the ranges changed since the replica's version into an overlay, laid
@@ -243,11 +299,11 @@ impl Pull<'_> {
         &mut self,
         view: u64,
         changed: Ranges,
-    ) -> Result<(u64, bool, u64), Failure> {
+    ) -> Result<(u64, How, u64), Failure> {
         // The source's log reaches back to this replica's version: it holds at
         // least that much, and an overlay only adds to it.
         match self.staged(view, Staged::Overlay, changed, 0).await? {
-            Outcome::Reached(version, bytes) => Ok((version, true, bytes)),
+            Outcome::Reached(version, bytes) => Ok((version, How::Log, bytes)),
             Outcome::Unsettled(_) | Outcome::Behind(..) => {
                 Err((Status::Busy, SOURCE_KEPT_CHANGING.into()))
             }
@@ -262,24 +318,13 @@ impl Pull<'_> {
         view: u64,
         since: u64,
         kind: RepairKind,
-    ) -> Result<(u64, bool, u64), Failure> {
+    ) -> Result<(u64, How, u64), Failure> {
         let extents = self
             .ranges(ReplicaRequest::Extents { chunk: self.chunk })
             .await
             .map_err(failed)?;
-        match self.staged(view, Staged::Whole, extents, since).await? {
-            Outcome::Reached(version, bytes) => Ok((version, false, bytes)),
-            Outcome::Unsettled(bytes) | Outcome::Behind(_, bytes)
-                if kind == RepairKind::Prefetch =>
-            {
-                Ok((since, false, bytes))
-            }
-            Outcome::Unsettled(_) => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
-            Outcome::Behind(version, _) => Err((
-                Status::Behind,
-                format!("the source holds {version:#x}, this replica {since:#x}: kept"),
-            )),
-        }
+        let outcome = self.staged(view, Staged::Whole, extents, since).await?;
+        settled(outcome, How::Whole, kind, since)
     }
 
     /// Copies `first` into a fresh staging chunk of `kind`, then what changed
@@ -318,6 +363,16 @@ impl Pull<'_> {
     }
 }
 
+/// What a repair copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// The ranges the source's journal lite names.
+    Log,
+    /// The blocks whose fingerprints differ.
+    Compared,
+    Whole,
+}
+
 /// How a staged copy ended, with the bytes copied.
 enum Outcome {
     /// Applied: the replica is at this version.
@@ -326,6 +381,28 @@ enum Outcome {
     Unsettled(u64),
     /// The source settled below the replica's version: the replica is as it was.
     Behind(u64, u64),
+}
+
+/// What a copy that replaces the replica's content (not only adds to it, as the
+/// journal lite's ranges do) returns: a prefetch that did not converge, or settled
+/// below the replica, leaves it as it was.
+fn settled(
+    outcome: Outcome,
+    how: How,
+    kind: RepairKind,
+    since: u64,
+) -> Result<(u64, How, u64), Failure> {
+    match outcome {
+        Outcome::Reached(version, bytes) => Ok((version, how, bytes)),
+        Outcome::Unsettled(bytes) | Outcome::Behind(_, bytes) if kind == RepairKind::Prefetch => {
+            Ok((since, how, bytes))
+        }
+        Outcome::Unsettled(_) => Err((Status::Busy, SOURCE_KEPT_CHANGING.into())),
+        Outcome::Behind(version, _) => Err((
+            Status::Behind,
+            format!("the source holds {version:#x}, this replica {since:#x}: kept"),
+        )),
+    }
 }
 
 /// The parts of `ranges` (offset, length) inside `start..end`, as (from, to).
@@ -405,19 +482,13 @@ pub(crate) async fn repair(
     drop(replica);
     slot.changed.notify_waiters();
     match result {
-        Ok((version, incremental, bytes)) => {
+        Ok((version, how, bytes)) => {
             slot.changed.notify_waiters();
-            tracing::info!(
-                ?chunk,
-                source,
-                version,
-                incremental,
-                bytes,
-                "replica repaired"
-            );
+            tracing::info!(?chunk, source, version, ?how, bytes, "replica repaired");
             Ok(ReplicaResponse::Repaired {
                 version,
-                incremental,
+                incremental: how == How::Log,
+                compared: how == How::Compared,
                 bytes,
             })
         }

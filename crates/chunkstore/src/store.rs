@@ -534,36 +534,85 @@ impl Store {
         length: u64,
     ) -> Result<(u32, Vec<u64>), StoreError> {
         check_range(0, length)?;
-        const PIECE_BYTES: u64 = 4 << 20;
         let mut crc = 0;
         let mut bad = Vec::new();
         let mut at = 0;
         while at < length {
-            let n = (length - at).min(PIECE_BYTES) as u32;
-            match self.read_unreported(chunk, at, n).await {
-                Ok(data) => crc = crc32c::crc32c_append(crc, &data),
-                // Block by block, to name every bad one.
-                Err(StoreError::Corrupt { .. }) => {
-                    let end = at + n as u64;
-                    let mut block = at;
-                    while block < end {
-                        let len = (end - block).min(BLOCK_BYTES) as u32;
-                        let data = match self.read_unreported(chunk, block, len).await {
-                            Err(StoreError::Corrupt { .. }) => {
-                                bad.push(block);
-                                Bytes::from(vec![0; len as usize])
-                            }
-                            other => other?,
-                        };
-                        crc = crc32c::crc32c_append(crc, &data);
-                        block += len as u64;
-                    }
-                }
-                Err(e) => return Err(e),
+            let n = (length - at).min(SCAN_PIECE_BYTES);
+            for (offset, data) in self.read_blocks(chunk, at, n).await? {
+                let data = data.unwrap_or_else(|len| {
+                    bad.push(offset);
+                    Bytes::from(vec![0; len as usize])
+                });
+                crc = crc32c::crc32c_append(crc, &data);
             }
-            at += n as u64;
+            at += n;
         }
         Ok((crc, bad))
+    }
+
+    /// A fingerprint of each 4 KiB block of the chunk, from its start to the end of
+    /// its last extent: 0 for a hole, else the crc32c of the block's bytes (at least
+    /// 1); `None` for a block that fails its checksum. Two replicas hold the same
+    /// block where their fingerprints are equal and not `None`, so a repair copies
+    /// only the blocks that differ ([`BLOCK_BYTES`] granularity; a block partly a hole
+    /// counts as data).
+    pub async fn block_sums(&self, chunk: ChunkId) -> Result<Vec<Option<u32>>, StoreError> {
+        let extents = self.extents(chunk)?;
+        let end = extents.last().map_or(0, |(offset, length)| {
+            (offset + length).next_multiple_of(BLOCK_BYTES)
+        });
+        check_range(0, end)?;
+        let mut sums = vec![Some(0); (end / BLOCK_BYTES) as usize];
+        for (offset, length) in extents {
+            let mut at = offset - offset % BLOCK_BYTES;
+            let end = (offset + length).next_multiple_of(BLOCK_BYTES);
+            while at < end {
+                let n = (end - at).min(SCAN_PIECE_BYTES);
+                for (block, data) in self.read_blocks(chunk, at, n).await? {
+                    sums[(block / BLOCK_BYTES) as usize] =
+                        data.ok().map(|data| crc32c::crc32c(&data).max(1));
+                }
+                at += n;
+            }
+        }
+        Ok(sums)
+    }
+
+    /// Reads `length` bytes at `offset` as blocks of at most [`BLOCK_BYTES`]: (offset,
+    /// data), or (offset, Err(length)) for a block that fails its checksum, which is
+    /// left for the caller to report.
+    async fn read_blocks(
+        &self,
+        chunk: ChunkId,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<(u64, Result<Bytes, u32>)>, StoreError> {
+        let end = offset + length;
+        let spans = (offset..end)
+            .step_by(BLOCK_BYTES as usize)
+            .map(|at| (at, (end - at).min(BLOCK_BYTES)));
+        match self.read_unreported(chunk, offset, length as u32).await {
+            Ok(data) => Ok(spans
+                .map(|(at, len)| {
+                    let from = (at - offset) as usize;
+                    (at, Ok(data.slice(from..from + len as usize)))
+                })
+                .collect()),
+            // Block by block, to name every bad one.
+            Err(StoreError::Corrupt { .. }) => {
+                let mut out = Vec::new();
+                for (at, len) in spans {
+                    let data = match self.read_unreported(chunk, at, len as u32).await {
+                        Err(StoreError::Corrupt { .. }) => Err(len as u32),
+                        other => Ok(other?),
+                    };
+                    out.push((at, data));
+                }
+                Ok(out)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Blocks found failing their checksums since the last call (chunk, offset), by
@@ -659,6 +708,9 @@ impl Store {
         Ok(replay::replay(&self.files, &self.queue)? * crate::wal::SECTOR_BYTES)
     }
 }
+
+/// Bytes per read of a whole-chunk scan.
+const SCAN_PIECE_BYTES: u64 = 4 << 20;
 
 fn check_range(offset: u64, length: u64) -> Result<(), StoreError> {
     match offset.checked_add(length) {

@@ -68,6 +68,11 @@ async fn a_rotten_chunk_file_block_is_found_reported_and_rewritten() {
     // A scrub's checksum names it without reporting it again.
     let (_, bad) = store.checksum(CHUNK, 3 * 4096).await.unwrap();
     assert_eq!(bad, vec![4096]);
+    // A repair's comparison of blocks: the rotten one matches nothing, the holes past
+    // the data are not listed.
+    let other_sum = Some(crc32c::crc32c(&other).max(1));
+    let sums = store.block_sums(CHUNK).await.unwrap();
+    assert_eq!(sums, vec![other_sum, None, other_sum]);
     assert!(store.take_corrupt().is_empty());
     // A partial write keeps it corrupt; a whole one (a repair's) makes it good.
     store

@@ -136,6 +136,13 @@ async fn extents_and_checksums_see_data_not_holes() {
     assert!(start <= 512 << 10 && start + length >= (512 << 10) + 4096);
     let written = store.checksum(CHUNK, 1 << 20).await.unwrap();
     assert_ne!(written, empty);
+    // A repair's fingerprints: 0 for a hole, the data's crc for the block written.
+    let sums = store.block_sums(CHUNK).await.unwrap();
+    let block = (512 << 10) / 4096;
+    assert_eq!(sums[block], Some(crc32c::crc32c(&[1; 4096])));
+    assert!(sums[..(start / 4096) as usize]
+        .iter()
+        .all(|s| *s == Some(0)));
     store.set_meta(CHUNK, version(2)).await.unwrap();
     assert_eq!(store.meta(CHUNK), version(2));
     store
@@ -143,6 +150,11 @@ async fn extents_and_checksums_see_data_not_holes() {
         .await
         .unwrap();
     assert_eq!(store.checksum(CHUNK, 1 << 20).await.unwrap(), empty);
+    let sums = store.block_sums(CHUNK).await.unwrap();
+    assert!(
+        sums.iter().all(|s| *s == Some(0)),
+        "a punched block is a hole"
+    );
 }
 
 /// A crash tore the first record of the last batch and left a later one (a stale

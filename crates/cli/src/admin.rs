@@ -418,9 +418,10 @@ pub async fn status(master: &MasterClient, format: Format) -> Result<(), String>
         );
     }
     println!(
-        "recovery: {} chunks repaired ({} incremental, {} whole copies), {} copied, {}/s now",
+        "recovery: {} chunks repaired ({} incremental, {} by block compare, {} whole copies), {} copied, {}/s now",
         r.repaired_chunks,
         r.incremental_repairs,
+        r.compared_copies,
         r.full_copies,
         size::format(r.bytes_copied),
         size::format(r.bytes_per_second)

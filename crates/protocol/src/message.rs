@@ -311,6 +311,9 @@ pub enum ReplicaRequest {
     LogSince { chunk: ChunkId, since: u64 },
     /// The ranges holding data (everything else is a hole).
     Extents { chunk: ChunkId },
+    /// A fingerprint of each 4 KiB block, so that a repair whose source's journal
+    /// lite does not reach back copies only the blocks that differ.
+    BlockSums { chunk: ChunkId },
     /// Answers once every change the replica acknowledged is durable, if it holds
     /// `version` (`Behind` if not: it lost unsynced changes to a power cut).
     Sync { chunk: ChunkId, version: u64 },
@@ -364,6 +367,7 @@ impl ReplicaRequest {
             | ReplicaRequest::SetView { chunk, .. }
             | ReplicaRequest::LogSince { chunk, .. }
             | ReplicaRequest::Extents { chunk }
+            | ReplicaRequest::BlockSums { chunk }
             | ReplicaRequest::Sync { chunk, .. }
             | ReplicaRequest::Repair { chunk, .. }
             | ReplicaRequest::Checksum { chunk, .. }
@@ -442,9 +446,22 @@ pub enum ReplicaResponse {
         #[serde(default)]
         pending: bool,
     },
+    /// Per 4 KiB block from the chunk's start to the end of its last extent: 0 for a
+    /// hole, else the crc32c of its bytes (at least 1); the version they show.
+    BlockSums {
+        version: u64,
+        sums: Vec<u32>,
+        /// Changes after `version` are in flight (handed to the store, not durable).
+        #[serde(default)]
+        pending: bool,
+    },
     Repaired {
         version: u64,
+        /// Only the ranges the source's journal lite names were copied.
         incremental: bool,
+        /// Only the blocks whose fingerprints differ were copied (not incremental).
+        #[serde(default)]
+        compared: bool,
         bytes: u64,
     },
     Checksum {

@@ -627,6 +627,9 @@ pub struct RecoveryStatus {
     pub volumes_to_audit: u64,
     pub repaired_chunks: u64,
     pub incremental_repairs: u64,
+    /// Repairs that copied only the blocks whose fingerprints differ.
+    #[serde(default)]
+    pub compared_copies: u64,
     pub full_copies: u64,
     pub bytes_copied: u64,
     /// Copy rate over the last few seconds.

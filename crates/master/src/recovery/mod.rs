@@ -99,6 +99,7 @@ struct Counters {
     misplaced_for: Option<(u64, u64, Vec<ServerId>)>,
     repaired: u64,
     incremental: u64,
+    compared: u64,
     full: u64,
     bytes: u64,
     /// (when, bytes) of finished copies, for the rate.
@@ -132,6 +133,7 @@ impl Progress {
         status.in_progress = c.in_progress.len() as u64;
         status.repaired_chunks = c.repaired;
         status.incremental_repairs = c.incremental;
+        status.compared_copies = c.compared;
         status.full_copies = c.full;
         status.bytes_copied = c.bytes;
         let now = Instant::now();
@@ -303,6 +305,7 @@ pub async fn run(master: Arc<Master>) {
                         c.repaired += 1;
                         c.busy_seconds += started.elapsed().as_secs_f64();
                         c.incremental += copied.incremental;
+                        c.compared += copied.compared;
                         c.full += copied.full;
                         c.bytes += copied.bytes;
                         c.recent.push_back((Instant::now(), copied.bytes));

@@ -16,6 +16,7 @@ pub(super) struct Repaired {
     /// The version the target reached.
     pub(super) version: u64,
     pub(super) incremental: bool,
+    pub(super) compared: bool,
     pub(super) bytes: u64,
 }
 
@@ -23,6 +24,7 @@ pub(super) struct Repaired {
 #[derive(Default)]
 pub(super) struct Copied {
     pub(super) incremental: u64,
+    pub(super) compared: u64,
     pub(super) full: u64,
     pub(super) bytes: u64,
 }
@@ -31,6 +33,8 @@ impl Copied {
     pub(super) fn add(&mut self, repaired: &Repaired) {
         if repaired.incremental {
             self.incremental += 1;
+        } else if repaired.compared {
+            self.compared += 1;
         } else {
             self.full += 1;
         }
@@ -100,10 +104,12 @@ impl Master {
             Ok(ReplicaResponse::Repaired {
                 version,
                 incremental,
+                compared,
                 bytes,
             }) => Ok(Repaired {
                 version,
                 incremental,
+                compared,
                 bytes,
             }),
             Ok(other) => Err((
