@@ -9,8 +9,9 @@
 //! when a failed server returns). Repairs go fewest good replicas first
 //! ([`plan::repairs_due`]). For each, at most [`Limits::concurrency`] at a time:
 //! 1. the map gives the new replica set, around servers that are down or lost, and
-//!    every target (new replicas, laggards) that needs a whole copy makes it from the
-//!    most recent good replica while writes continue, at most
+//!    every target (new replicas, laggards) that needs a copy (whole, or of the blocks
+//!    that differ) makes it from the most recent good replica while writes continue,
+//!    all at once, each at most
 //!    [`Limits::bytes_per_second`] (a prefetch: it counts only if the source held
 //!    still at its end, since data read while changes land may hold one the chunk's
 //!    history leaves out);

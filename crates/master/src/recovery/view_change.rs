@@ -63,8 +63,12 @@ pub(super) async fn recover(
         )
         .await;
     let copy = plan::copy_from(&plan, &placement, &reports)?;
-    for target in &plan.targets {
-        let prefetched = repair(*target, copy.source, RepairKind::Prefetch).await?;
+    // At once: a chunk with two replicas to copy is below a majority until both end.
+    let prefetches = plan
+        .targets
+        .iter()
+        .map(|target| repair(*target, copy.source, RepairKind::Prefetch));
+    for prefetched in futures::future::try_join_all(prefetches).await? {
         // An incremental catch-up waits for step 3; it is counted there.
         if !prefetched.incremental {
             copied.add(&prefetched);
