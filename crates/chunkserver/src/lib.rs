@@ -636,6 +636,31 @@ impl ChunkServer {
     }
 
     /// The replica's state once every change handed to the store is durable.
+    /// Before a repair's source scans the replica (its extents or block sums): the
+    /// version the scan shows at least, everything up to it synced (unsynced writes
+    /// reach the chunk file's extents only then). A replica being repaired itself
+    /// holds less than its version says: it refuses, as it refuses reads.
+    async fn scanned_version(&self, chunk: ChunkId) -> Result<u64, (Status, String)> {
+        let frozen = self
+            .existing(chunk)
+            .and_then(|slot| slot.replica.lock().unwrap().frozen);
+        if frozen == Some(repair::REPAIRING) {
+            return Err((
+                Status::Unavailable,
+                format!("replica is {}: copy from another", repair::REPAIRING),
+            ));
+        }
+        let version = self.state(chunk).version;
+        self.store.sync().await.map_err(control_store_error)?;
+        Ok(version)
+    }
+
+    /// Changes handed to the store are not all durable yet.
+    fn pending(&self, chunk: ChunkId) -> bool {
+        self.existing(chunk)
+            .is_some_and(|slot| slot.replica.lock().unwrap().pending())
+    }
+
     async fn settle(&self, slot: &Slot) -> ReplicaResponse {
         slot.settled().await;
         let replica = slot.replica.lock().unwrap();
@@ -710,28 +735,23 @@ impl ChunkServer {
                 }
             }
             ReplicaRequest::Extents { chunk } => {
-                // Unsynced writes reach the chunk file's extents once synced.
-                self.store.sync().await.map_err(control_store_error)?;
-                let version = self.state(chunk).version;
+                let version = self.scanned_version(chunk).await?;
                 let ranges = self.store.extents(chunk).map_err(control_store_error)?;
-                let pending = self
-                    .existing(chunk)
-                    .is_some_and(|slot| slot.replica.lock().unwrap().pending());
                 Ok(ReplicaResponse::Ranges {
                     version,
                     ranges,
-                    pending,
+                    pending: self.pending(chunk),
                 })
             }
             ReplicaRequest::BlockSums { chunk } => {
-                self.store.sync().await.map_err(control_store_error)?;
-                let version = self.state(chunk).version;
+                let version = self.scanned_version(chunk).await?;
                 let sums = self
                     .store
                     .block_sums(chunk)
                     .await
                     .map_err(control_store_error)?;
-                // A source's bad block would only be copied as bad: repair it first.
+                // A bad block would only be copied as bad: it is reported (healed from
+                // another replica) and the copy waits for that.
                 let sums = sums
                     .into_iter()
                     .enumerate()
@@ -744,14 +764,11 @@ impl ChunkServer {
                             )
                         })
                     })
-                    .collect::<Result<Vec<u32>, _>>()?;
-                let pending = self
-                    .existing(chunk)
-                    .is_some_and(|slot| slot.replica.lock().unwrap().pending());
+                    .collect::<Result<Vec<u64>, _>>()?;
                 Ok(ReplicaResponse::BlockSums {
                     version,
                     sums,
-                    pending,
+                    pending: self.pending(chunk),
                 })
             }
             ReplicaRequest::Sync { chunk, version } => {

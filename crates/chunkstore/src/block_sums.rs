@@ -42,6 +42,13 @@ fn accepts(sum: u32, block: &[u8]) -> bool {
     sum == 0 || sum == checksum(block)
 }
 
+/// A repair's fingerprint of a block's bytes, to find the blocks two replicas hold
+/// differently without moving them: 64 bits, so that two different blocks passing
+/// for the same is not a risk worth naming; never 0, which stands for a hole.
+pub fn fingerprint(block: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(block).max(1)
+}
+
 /// A checksum no block of checksum `sum` matches.
 fn poisoned(sum: u32) -> u32 {
     (sum ^ POISON).max(1)

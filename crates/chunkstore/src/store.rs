@@ -1,7 +1,7 @@
 //! The chunk store: group-committed write-ahead log + sparse chunk files, and in
 //! hybrid mode ssd journals in front of an hdd's chunk files (see [`crate::journal`]).
 
-use crate::block_sums::BLOCK_BYTES;
+use crate::block_sums::{fingerprint, BLOCK_BYTES};
 use crate::chain::{Chain, ChainOptions, ChainStats, ReadCost};
 use crate::chunk_files::Files;
 use crate::committer::{Change, Committer, Queue};
@@ -539,11 +539,14 @@ impl Store {
         let mut at = 0;
         while at < length {
             let n = (length - at).min(SCAN_PIECE_BYTES);
-            for (offset, data) in self.read_blocks(chunk, at, n).await? {
-                let data = data.unwrap_or_else(|len| {
-                    bad.push(offset);
-                    Bytes::from(vec![0; len as usize])
-                });
+            for (offset, block) in self.read_blocks(chunk, at, n).await? {
+                let data = match block {
+                    Block::Good(data) => data,
+                    Block::Corrupt { length, .. } => {
+                        bad.push(offset);
+                        Bytes::from(vec![0; length as usize])
+                    }
+                };
                 crc = crc32c::crc32c_append(crc, &data);
             }
             at += n;
@@ -552,12 +555,12 @@ impl Store {
     }
 
     /// A fingerprint of each 4 KiB block of the chunk, from its start to the end of
-    /// its last extent: 0 for a hole, else the crc32c of the block's bytes (at least
-    /// 1); `None` for a block that fails its checksum. Two replicas hold the same
-    /// block where their fingerprints are equal and not `None`, so a repair copies
-    /// only the blocks that differ ([`BLOCK_BYTES`] granularity; a block partly a hole
-    /// counts as data).
-    pub async fn block_sums(&self, chunk: ChunkId) -> Result<Vec<Option<u32>>, StoreError> {
+    /// its last extent: 0 for a hole, else [`fingerprint`] of the block's bytes;
+    /// `None` for a block that fails its checksum (logged and kept for
+    /// [`Store::take_corrupt`], as a read's). Two replicas hold the same block where
+    /// their fingerprints are equal and not `None`, so a repair copies only the blocks
+    /// that differ ([`BLOCK_BYTES`] granularity; a block partly a hole counts as data).
+    pub async fn block_sums(&self, chunk: ChunkId) -> Result<Vec<Option<u64>>, StoreError> {
         let extents = self.extents(chunk)?;
         let end = extents.last().map_or(0, |(offset, length)| {
             (offset + length).next_multiple_of(BLOCK_BYTES)
@@ -569,9 +572,14 @@ impl Store {
             let end = (offset + length).next_multiple_of(BLOCK_BYTES);
             while at < end {
                 let n = (end - at).min(SCAN_PIECE_BYTES);
-                for (block, data) in self.read_blocks(chunk, at, n).await? {
-                    sums[(block / BLOCK_BYTES) as usize] =
-                        data.ok().map(|data| crc32c::crc32c(&data).max(1));
+                for (offset, block) in self.read_blocks(chunk, at, n).await? {
+                    sums[(offset / BLOCK_BYTES) as usize] = match block {
+                        Block::Good(data) => Some(fingerprint(&data)),
+                        Block::Corrupt { place, .. } => {
+                            self.files.found_corrupt(chunk, offset, place);
+                            None
+                        }
+                    };
                 }
                 at += n;
             }
@@ -579,35 +587,34 @@ impl Store {
         Ok(sums)
     }
 
-    /// Reads `length` bytes at `offset` as blocks of at most [`BLOCK_BYTES`]: (offset,
-    /// data), or (offset, Err(length)) for a block that fails its checksum, which is
-    /// left for the caller to report.
+    /// Reads `length` bytes at `offset` as blocks of at most [`BLOCK_BYTES`], each with
+    /// its offset; a block that fails its checksum is left for the caller to report.
     async fn read_blocks(
         &self,
         chunk: ChunkId,
         offset: u64,
         length: u64,
-    ) -> Result<Vec<(u64, Result<Bytes, u32>)>, StoreError> {
+    ) -> Result<Vec<(u64, Block)>, StoreError> {
         let end = offset + length;
         let spans = (offset..end)
             .step_by(BLOCK_BYTES as usize)
-            .map(|at| (at, (end - at).min(BLOCK_BYTES)));
+            .map(|at| (at, (end - at).min(BLOCK_BYTES) as u32));
         match self.read_unreported(chunk, offset, length as u32).await {
             Ok(data) => Ok(spans
-                .map(|(at, len)| {
+                .map(|(at, length)| {
                     let from = (at - offset) as usize;
-                    (at, Ok(data.slice(from..from + len as usize)))
+                    (at, Block::Good(data.slice(from..from + length as usize)))
                 })
                 .collect()),
             // Block by block, to name every bad one.
             Err(StoreError::Corrupt { .. }) => {
                 let mut out = Vec::new();
-                for (at, len) in spans {
-                    let data = match self.read_unreported(chunk, at, len as u32).await {
-                        Err(StoreError::Corrupt { .. }) => Err(len as u32),
-                        other => Ok(other?),
+                for (at, length) in spans {
+                    let block = match self.read_unreported(chunk, at, length).await {
+                        Err(StoreError::Corrupt { place, .. }) => Block::Corrupt { length, place },
+                        other => Block::Good(other?),
                     };
-                    out.push((at, data));
+                    out.push((at, block));
                 }
                 Ok(out)
             }
@@ -707,6 +714,16 @@ impl Store {
         }
         Ok(replay::replay(&self.files, &self.queue)? * crate::wal::SECTOR_BYTES)
     }
+}
+
+/// A block read by a scan.
+enum Block {
+    Good(Bytes),
+    /// Fails its checksum (found in `place`: chunk file or journal).
+    Corrupt {
+        length: u32,
+        place: &'static str,
+    },
 }
 
 /// Bytes per read of a whole-chunk scan.

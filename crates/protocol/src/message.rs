@@ -447,10 +447,10 @@ pub enum ReplicaResponse {
         pending: bool,
     },
     /// Per 4 KiB block from the chunk's start to the end of its last extent: 0 for a
-    /// hole, else the crc32c of its bytes (at least 1); the version they show.
+    /// hole, else a 64-bit hash of its bytes (never 0); the version they show.
     BlockSums {
         version: u64,
-        sums: Vec<u32>,
+        sums: Vec<u64>,
         /// Changes after `version` are in flight (handed to the store, not durable).
         #[serde(default)]
         pending: bool,

@@ -64,11 +64,17 @@ pub(super) async fn recover(
         .await;
     let copy = plan::copy_from(&plan, &placement, &reports)?;
     // At once: a chunk with two replicas to copy is below a majority until both end.
+    // Each runs to its end even if another fails: a target goes on with a repair whose
+    // caller left, and would refuse the next attempt's while it runs.
     let prefetches = plan
         .targets
         .iter()
         .map(|target| repair(*target, copy.source, RepairKind::Prefetch));
-    for prefetched in futures::future::try_join_all(prefetches).await? {
+    let prefetched: Result<Vec<_>, _> = futures::future::join_all(prefetches)
+        .await
+        .into_iter()
+        .collect();
+    for prefetched in prefetched? {
         // An incremental catch-up waits for step 3; it is counted there.
         if !prefetched.incremental {
             copied.add(&prefetched);
