@@ -10,7 +10,9 @@
 //! NBD writes would bypass the transactions' log and NBD reads could see a commit
 //! half applied. It closes once no transaction has been open on it for [`IDLE_CLOSE`].
 //! A transaction belongs to its connection: ended (aborted) when the connection
-//! closes. A volume whose session moves to another gateway ends its transactions,
+//! closes, unless released (thesis 4.1): then it waits, detached, for another
+//! connection to take it over with the handle its release answered, and is aborted
+//! if none does within [`RELEASED_FOR`]. A volume whose session moves to another gateway ends its transactions,
 //! each answered at its next request with where the volume went.
 
 use crate::access::AccessList;
@@ -34,6 +36,12 @@ use tokio::time::Instant;
 const IDLE_CLOSE: Duration = Duration::from_secs(10);
 /// Transactions one connection holds open at most.
 const OPEN_PER_CONNECTION_MAX: usize = 256;
+/// How long a released transaction waits to be taken over before it is aborted.
+const RELEASED_FOR: Duration = Duration::from_secs(60);
+/// Released transactions the gateway holds at most.
+const RELEASED_MAX: usize = 1024;
+/// The `connection` of a released transaction (connections count from 1).
+const DETACHED: u64 = 0;
 /// How long a volume moving away waits for its transactions' requests in flight.
 const GIVE_UP_WAIT_MAX: Duration = Duration::from_secs(10);
 
@@ -50,9 +58,12 @@ enum Slot {
 }
 
 struct Entry {
+    /// The connection holding it, or [`DETACHED`].
     connection: u64,
     volume: String,
     slot: Arc<tokio::sync::Mutex<Slot>>,
+    /// For a released transaction: its handle, and when it was released.
+    released: Option<(u64, Instant)>,
 }
 
 /// The transactions of every connection, and the volumes they run on.
@@ -99,6 +110,11 @@ impl Transactions {
     async fn close_idle(self: Arc<Self>) {
         loop {
             tokio::time::sleep(IDLE_CLOSE / 4).await;
+            // Released transactions nobody took over abort (dropped).
+            self.open.lock().unwrap().retain(|_, e| {
+                e.released
+                    .is_none_or(|(_, released)| released.elapsed() < RELEASED_FOR)
+            });
             let idle: Vec<(String, Arc<Served>)> = {
                 let mut served = self.served.lock().await;
                 let open = self.open.lock().unwrap();
@@ -211,6 +227,13 @@ impl Drop for Connection {
     }
 }
 
+fn too_many_open() -> Refusal {
+    (
+        Status::BadRequest,
+        format!("{OPEN_PER_CONNECTION_MAX} transactions are open on this connection: commit or abort some first"),
+    )
+}
+
 fn refused(e: TxError) -> Refusal {
     let status = match e {
         TxError::Stopped(_) | TxError::Remote(_) => Status::Unavailable,
@@ -231,10 +254,7 @@ impl Connection {
             open.values().filter(|e| e.connection == self.id).count()
         };
         if mine >= OPEN_PER_CONNECTION_MAX {
-            return Err((
-                Status::BadRequest,
-                format!("{OPEN_PER_CONNECTION_MAX} transactions are open on this connection: commit or abort some first"),
-            ));
+            return Err(too_many_open());
         }
         let served = self
             .service
@@ -253,6 +273,7 @@ impl Connection {
             connection: self.id,
             volume,
             slot: Arc::new(tokio::sync::Mutex::new(Slot::Open(tx))),
+            released: None,
         };
         self.service.open.lock().unwrap().insert(id, entry);
         Ok(TxReply::Begun {
@@ -309,13 +330,77 @@ impl Connection {
                 self.commit(tx, changes, &volume).await
             }
             TxRequest::Abort { .. } => Ok(TxReply::Done),
-            TxRequest::Begin { .. } => unreachable!("a begin names no transaction"),
+            TxRequest::Release { changes, .. } => match apply(tx, changes) {
+                Ok(()) => self.release(id),
+                Err(e) => Err(e),
+            },
+            TxRequest::Begin { .. } | TxRequest::TakeOver { .. } => {
+                unreachable!("names no transaction")
+            }
         };
         if answer.is_err() {
             *slot = Slot::Ended("ended by an error".into());
             self.service.open.lock().unwrap().remove(&id);
         }
         answer
+    }
+
+    /// Detaches transaction `id` from this connection under a fresh handle.
+    fn release(&self, id: u64) -> Answer {
+        let mut open = self.service.open.lock().unwrap();
+        if open.values().filter(|e| e.released.is_some()).count() >= RELEASED_MAX {
+            return Err((
+                Status::Busy,
+                format!("{RELEASED_MAX} released transactions wait to be taken over: take some over first"),
+            ));
+        }
+        let handle = rand::random::<u64>();
+        let entry = open.get_mut(&id).expect("served under its entry");
+        entry.connection = DETACHED;
+        entry.released = Some((handle, Instant::now()));
+        Ok(TxReply::Released { handle })
+    }
+
+    /// Attaches the released transaction `handle` names to this connection.
+    async fn take_over(&self, handle: u64) -> Answer {
+        let (id, slot, volume) = {
+            let mut open = self.service.open.lock().unwrap();
+            let mine = open.values().filter(|e| e.connection == self.id).count();
+            if mine >= OPEN_PER_CONNECTION_MAX {
+                return Err(too_many_open());
+            }
+            let found = open
+                .iter_mut()
+                .find(|(_, e)| e.released.is_some_and(|(h, _)| h == handle));
+            let Some((id, entry)) = found else {
+                return Err((
+                    Status::NotFound,
+                    "no released transaction has this handle (taken over already, or aborted after waiting)".into(),
+                ));
+            };
+            entry.connection = self.id;
+            entry.released = None;
+            (*id, entry.slot.clone(), entry.volume.clone())
+        };
+        let start_version = match &mut *slot.lock().await {
+            Slot::Open(tx) => tx.start_version(),
+            Slot::Ended(why) => {
+                self.service.open.lock().unwrap().remove(&id);
+                return Err((Status::Moved, why.clone()));
+            }
+        };
+        let data_blocks = self
+            .service
+            .volume(&volume)
+            .await
+            .map_err(|e| (Status::Unavailable, e))?
+            .volume
+            .data_blocks();
+        Ok(TxReply::Begun {
+            tx: id,
+            start_version,
+            data_blocks,
+        })
     }
 
     async fn commit(&self, mut tx: Transaction, changes: Vec<TxChange>, volume: &str) -> Answer {
@@ -365,16 +450,26 @@ impl Session for Connection {
                 peer.role
             ));
         }
-        match (request, &self.service.access) {
-            (TxRequest::Begin { volume, .. }, Some(access)) => {
-                match access.grant(Some(&peer.name), volume) {
-                    Some(true) => Ok(()),
-                    _ => Err(format!(
-                        "client {} may not write volume {volume} (the gateway's access list)",
-                        peer.name
-                    )),
-                }
-            }
+        let taken_over = |handle: u64| {
+            let open = self.service.open.lock().unwrap();
+            let mut released = open.values();
+            released
+                .find(|e| e.released.is_some_and(|(h, _)| h == handle))
+                .map(|e| e.volume.clone())
+        };
+        let volume = match request {
+            TxRequest::Begin { volume, .. } => Some(volume.clone()),
+            TxRequest::TakeOver { handle } => taken_over(*handle),
+            _ => None,
+        };
+        match (volume, &self.service.access) {
+            (Some(volume), Some(access)) => match access.grant(Some(&peer.name), &volume) {
+                Some(true) => Ok(()),
+                _ => Err(format!(
+                    "client {} may not write volume {volume} (the gateway's access list)",
+                    peer.name
+                )),
+            },
             _ => Ok(()),
         }
     }
@@ -382,6 +477,7 @@ impl Session for Connection {
     async fn serve(self: Arc<Self>, request: TxRequest, kind: u16, request_id: u64) -> Frame {
         let answer = match request {
             TxRequest::Begin { volume, isolation } => self.begin(volume, isolation).await,
+            TxRequest::TakeOver { handle } => self.take_over(handle).await,
             other => {
                 let id = other.tx().expect("only a begin names no transaction");
                 self.on(id, other).await

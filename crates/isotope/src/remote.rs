@@ -74,6 +74,29 @@ impl RemoteVolume {
             .await
             .map_err(|e| failed(self.connection.address(), e))
     }
+
+    /// Takes over a transaction another client released
+    /// ([`RemoteTransaction::release`]), perhaps in another process: it goes on here
+    /// as it was, reads as of its start, writes and marks included.
+    pub async fn take_over(&self, handle: u64) -> Result<RemoteTransaction, TxError> {
+        match self.call(TxRequest::TakeOver { handle }).await? {
+            TxReply::Begun { tx, .. } => Ok(self.transaction(tx)),
+            other => Err(TxError::Remote(format!(
+                "unexpected reply {other:?} to a take-over"
+            ))),
+        }
+    }
+
+    fn transaction(&self, tx: u64) -> RemoteTransaction {
+        RemoteTransaction {
+            connection: self.connection.clone(),
+            tx,
+            changes: Vec::new(),
+            buffered_bytes: 0,
+            known: BTreeMap::new(),
+            ended: false,
+        }
+    }
 }
 
 impl Transactions for RemoteVolume {
@@ -95,14 +118,7 @@ impl Transactions for RemoteVolume {
             isolation,
         };
         match self.call(begin).await? {
-            TxReply::Begun { tx, .. } => Ok(RemoteTransaction {
-                connection: self.connection.clone(),
-                tx,
-                changes: Vec::new(),
-                buffered_bytes: 0,
-                known: BTreeMap::new(),
-                ended: false,
-            }),
+            TxReply::Begun { tx, .. } => Ok(self.transaction(tx)),
             other => Err(TxError::Remote(format!(
                 "unexpected reply {other:?} to a begin"
             ))),
@@ -125,6 +141,26 @@ pub struct RemoteTransaction {
 }
 
 impl RemoteTransaction {
+    /// Detaches the transaction from this client, its buffered calls sent first: any
+    /// client of the gateway takes it over with the handle returned
+    /// ([`RemoteVolume::take_over`]) within a minute, else the gateway aborts it.
+    pub async fn release(mut self) -> Result<u64, TxError> {
+        let changes = self.take_changes();
+        let reply = self
+            .call(TxRequest::Release {
+                tx: self.tx,
+                changes,
+            })
+            .await;
+        self.ended = true;
+        match reply? {
+            TxReply::Released { handle } => Ok(handle),
+            other => Err(TxError::Remote(format!(
+                "unexpected reply {other:?} to a release"
+            ))),
+        }
+    }
+
     async fn call(&mut self, request: TxRequest) -> Result<TxReply, TxError> {
         let answer = wire::call(&self.connection, request).await;
         let answer = answer.map_err(|e| failed(self.connection.address(), e));

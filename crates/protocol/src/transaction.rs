@@ -24,12 +24,15 @@ const READ: u8 = 2;
 const APPLY: u8 = 3;
 const COMMIT: u8 = 4;
 const ABORT: u8 = 5;
+const RELEASE: u8 = 6;
+const TAKE_OVER: u8 = 7;
 
 const BEGUN: u8 = 1;
 const BLOCK: u8 = 2;
 const DONE: u8 = 3;
 const COMMITTED: u8 = 4;
 const CONFLICT: u8 = 5;
+const RELEASED: u8 = 6;
 
 const WRITE: u8 = 1;
 const MARK: u8 = 2;
@@ -108,6 +111,16 @@ pub enum TxRequest {
     Abort {
         tx: u64,
     },
+    /// Applies `changes`, then detaches the transaction from this connection (thesis
+    /// 4.1's release): another connection takes it over with the handle answered.
+    Release {
+        tx: u64,
+        changes: Vec<TxChange>,
+    },
+    /// Takes over a released transaction; answered as a begin, with its id here.
+    TakeOver {
+        handle: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +136,11 @@ pub enum TxReply {
         version: u64,
     },
     Conflict,
+    /// The handle of a released transaction (unguessable: whoever holds it may take
+    /// the transaction over).
+    Released {
+        handle: u64,
+    },
 }
 
 fn put_changes(out: &mut BytesMut, changes: &[TxChange]) {
@@ -204,10 +222,13 @@ impl TxRequest {
                 f.put_u64_le(*block);
                 put_changes(&mut f, changes);
             }
-            TxRequest::Apply { tx, changes } | TxRequest::Commit { tx, changes } => {
+            TxRequest::Apply { tx, changes }
+            | TxRequest::Commit { tx, changes }
+            | TxRequest::Release { tx, changes } => {
                 let op = match self {
                     TxRequest::Apply { .. } => APPLY,
-                    _ => COMMIT,
+                    TxRequest::Commit { .. } => COMMIT,
+                    _ => RELEASE,
                 };
                 f.put_u8(op);
                 f.put_u64_le(*tx);
@@ -216,6 +237,10 @@ impl TxRequest {
             TxRequest::Abort { tx } => {
                 f.put_u8(ABORT);
                 f.put_u64_le(*tx);
+            }
+            TxRequest::TakeOver { handle } => {
+                f.put_u8(TAKE_OVER);
+                f.put_u64_le(*handle);
             }
         }
         frame(f, request_id)
@@ -255,19 +280,25 @@ impl TxRequest {
                 changes: changes(&mut r)?,
             },
             ABORT => TxRequest::Abort { tx: r.u64()? },
+            RELEASE => TxRequest::Release {
+                tx: r.u64()?,
+                changes: changes(&mut r)?,
+            },
+            TAKE_OVER => TxRequest::TakeOver { handle: r.u64()? },
             _ => return Err(FrameError::Malformed(r.what)),
         };
         r.end()?;
         Ok(request)
     }
 
-    /// The transaction it names (none for a `Begin`).
+    /// The transaction it names (none for a `Begin` or a `TakeOver`).
     pub fn tx(&self) -> Option<u64> {
         match self {
-            TxRequest::Begin { .. } => None,
+            TxRequest::Begin { .. } | TxRequest::TakeOver { .. } => None,
             TxRequest::Read { tx, .. }
             | TxRequest::Apply { tx, .. }
             | TxRequest::Commit { tx, .. }
+            | TxRequest::Release { tx, .. }
             | TxRequest::Abort { tx } => Some(*tx),
         }
     }
@@ -297,6 +328,10 @@ impl TxReply {
                 f.put_u64_le(*version);
             }
             TxReply::Conflict => f.put_u8(CONFLICT),
+            TxReply::Released { handle } => {
+                f.put_u8(RELEASED);
+                f.put_u64_le(*handle);
+            }
         }
         frame(f, request_id)
     }
@@ -321,6 +356,7 @@ impl TxReply {
             DONE => TxReply::Done,
             COMMITTED => TxReply::Committed { version: r.u64()? },
             CONFLICT => TxReply::Conflict,
+            RELEASED => TxReply::Released { handle: r.u64()? },
             _ => return Err(FrameError::Malformed(r.what)),
         };
         r.end()?;
@@ -391,8 +427,13 @@ mod tests {
                 tx: 3,
                 changes: changes.clone(),
             },
+            TxRequest::Release {
+                tx: 3,
+                changes: changes.clone(),
+            },
             TxRequest::Commit { tx: 3, changes },
             TxRequest::Abort { tx: 4 },
+            TxRequest::TakeOver { handle: 1 << 60 },
         ];
         for request in requests {
             let frame = received(request.encode(5));
@@ -408,6 +449,7 @@ mod tests {
             TxReply::Done,
             TxReply::Committed { version: 8 },
             TxReply::Conflict,
+            TxReply::Released { handle: u64::MAX },
         ];
         for reply in replies {
             let frame = received(reply.encode(5));

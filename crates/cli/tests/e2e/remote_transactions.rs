@@ -221,6 +221,25 @@ fn gateway_transactions_refuse_bad_input_a_moved_lease_and_nbd_clients() {
         let mut tx = volume.begin_with(None).await.unwrap();
         tx.write(2, block(0xa2)).await.unwrap();
         assert!(matches!(tx.commit().await, Ok(Outcome::Committed { .. })));
+        // Released by a client that then goes away, a transaction is taken over by
+        // another, writes included, and committed there; its handle serves once.
+        let other = RemoteVolume::connect(&at_a, "bad").await.unwrap();
+        let mut tx = other.begin_with(None).await.unwrap();
+        tx.write(5, block(0xc5)).await.unwrap();
+        let handle = tx.release().await.unwrap();
+        drop(other);
+        let mut tx = volume.take_over(handle).await.unwrap();
+        assert_eq!(tx.read(5).await.unwrap(), block(0xc5));
+        assert!(matches!(tx.commit().await, Ok(Outcome::Committed { .. })));
+        let again = volume
+            .take_over(handle)
+            .await
+            .err()
+            .expect("taken over twice");
+        assert!(
+            again.to_string().contains("no released transaction"),
+            "{again}"
+        );
         // An NBD client may not open the volume while it serves transactions (qemu
         // prints the gateway's reason).
         let _open = volume.begin_with(None).await.unwrap();
@@ -241,6 +260,10 @@ fn gateway_transactions_refuse_bad_input_a_moved_lease_and_nbd_clients() {
         output(Command::new("nbdinfo").arg(&nbd_a)).status.success()
     });
     assert!(block_reads(&nbd_a, 2, 0xa2));
+    assert!(
+        block_reads(&nbd_a, 5, 0xc5),
+        "the taken-over commit is missing"
+    );
     for b in [3, 10, 100, 266] {
         assert!(block_reads(&nbd_a, b, 0), "block {b} was written");
     }
