@@ -771,6 +771,17 @@ impl ChunkServer {
                     pending: self.pending(chunk),
                 })
             }
+            ReplicaRequest::ReadCost { chunk, offset } => {
+                if offset >= CHUNK_BYTES_MAX {
+                    return Err((
+                        Status::BadRequest,
+                        format!("offset {offset} is past a chunk"),
+                    ));
+                }
+                Ok(ReplicaResponse::ReadCost {
+                    cost: self.store.read_cost(chunk, offset),
+                })
+            }
             ReplicaRequest::Sync { chunk, version } => {
                 self.store.sync().await.map_err(control_store_error)?;
                 let held = self.state(chunk).version;
@@ -1225,6 +1236,60 @@ mod tests {
             assert!(data[256 * 4096..].iter().all(|b| *b == 0xab));
             assert!(data[16 * 4096..256 * 4096].iter().all(|b| *b == 0));
         }
+    }
+
+    /// GetCost over the wire: a chained-log store answers what reading a block costs
+    /// it (the files engine cannot tell); an offset past the chunk is refused.
+    #[tokio::test]
+    async fn a_replica_answers_what_reading_a_block_costs_its_store() {
+        let (files, chain) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let options = StoreOptions {
+            chain: Some(floe_chunkstore::ChainOptions {
+                disks: (0..3)
+                    .map(|d| chain.path().join(format!("disk{d}")))
+                    .collect(),
+                cache_dir: chain.path().join("flash"),
+                disk_bytes: 8 << 20,
+                cache_bytes: 0,
+                flash_cache_bytes: 0,
+                layout: floe_chunkstore::ChainLayout::Chained,
+                gc: floe_chunkstore::ChainGc::MoveToTail,
+            }),
+            ..StoreOptions::default()
+        };
+        let logged = Arc::new(ChunkServer {
+            store: Store::open_with(&chain.path().join("data"), &options).unwrap(),
+            peers: ConnectionPool::default(),
+            slots: Mutex::default(),
+            generations: Mutex::default(),
+        });
+        let cost = |offset| {
+            Request::Replica(ReplicaRequest::ReadCost {
+                chunk: CHUNK,
+                offset,
+            })
+        };
+        let answer = |response: Response| match response {
+            Response::Replica(ReplicaResponse::ReadCost { cost }) => cost,
+            other => panic!("{other:?}"),
+        };
+        let response = logged
+            .clone()
+            .handle(write(CHUNK, 0, 0, next_version(0, 1), 0))
+            .await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        // Where each class is found is the chain's own test; here: it answers.
+        assert!(answer(logged.clone().handle(cost(0)).await).is_some());
+        let unwritten = answer(logged.clone().handle(cost(1 << 20)).await);
+        assert_eq!(
+            unwritten,
+            Some(floe_protocol::ReadCost::Cache),
+            "never written"
+        );
+        let plain = server(files.path());
+        assert_eq!(answer(plain.clone().handle(cost(0)).await), None);
+        let past = plain.clone().handle(cost(CHUNK_BYTES_MAX)).await;
+        assert_eq!(status(&past), Some(Status::BadRequest), "{past:?}");
     }
 
     #[tokio::test]

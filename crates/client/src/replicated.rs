@@ -36,8 +36,8 @@ use floe_protocol::connection::CallError;
 use floe_protocol::snapshot::split_index;
 use floe_protocol::{
     next_version, ChunkId, ChunkPlacement, ClusterMap, ConnectionPool, DeviceClass, MasterRequest,
-    MasterResponse, Proposal, ReplicaRequest, ReplicaResponse, Request, Response, ServerId,
-    ServerInfo, Stamp, Status, VolumeMap, VolumeSpec,
+    MasterResponse, Proposal, ReadCost, ReplicaRequest, ReplicaResponse, Request, Response,
+    ServerId, ServerInfo, Stamp, Status, VolumeMap, VolumeSpec,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -729,6 +729,33 @@ impl ReplicatedChunks {
             }
         }
         Some(Ok(out))
+    }
+
+    /// GetCost from each of `replicas` for the block holding `offset` of chunk
+    /// `index`: `None` where a store cannot tell (the files engine) or the replica
+    /// did not answer.
+    pub async fn read_costs(
+        &self,
+        index: u64,
+        offset: u64,
+        replicas: &[ReplicaAt],
+    ) -> Vec<Option<ReadCost>> {
+        let request = Request::Replica(ReplicaRequest::ReadCost {
+            chunk: self.chunk_id(index),
+            offset,
+        });
+        let answers = futures::future::join_all(replicas.iter().map(|replica| {
+            self.pool
+                .call_within(&replica.address, request.clone(), REPLICA_TIMEOUT)
+        }))
+        .await;
+        answers
+            .into_iter()
+            .map(|answer| match answer {
+                Ok(Response::Replica(ReplicaResponse::ReadCost { cost })) => cost,
+                _ => None,
+            })
+            .collect()
     }
 
     /// Reads from the replica at `address` if it holds at least `min_version`.

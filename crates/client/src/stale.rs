@@ -10,7 +10,9 @@
 //! replica it read from answers (a replica's versions only grow: nothing read from
 //! it so far is newer). It then takes, among the replicas at or past the floor, the
 //! one of least cost (GetCost: the expected time of a read there, timed or guessed
-//! from the device class, times one plus the reads in flight there; ties spread
+//! from the device class, raised by what the replica's store says a read of the
+//! block asked for costs it now (a chained log: cache, idle body disk, body disk
+//! being cleaned, tail disk), times one plus the reads in flight there; ties spread
 //! over chunks), and each read asks that replica for at least the floor. So a
 //! read never returns less than an earlier one, across switches of replica too, but
 //! for a change only a replica that died held (never acknowledged).
@@ -25,7 +27,7 @@ use crate::stripe::ChunkIo;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use floe_blockdev::IoError;
-use floe_protocol::{DeviceClass, ServerId};
+use floe_protocol::{DeviceClass, ReadCost, ServerId};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,6 +39,11 @@ const READ_DEADLINE: Duration = Duration::from_secs(30);
 /// A read's expected time at a server not yet timed, by device class: an hdd seeks.
 const SSD_READ: Duration = Duration::from_micros(200);
 const HDD_READ: Duration = Duration::from_millis(8);
+/// What a read costs beyond its expected time where the store says the block sits
+/// on a body disk being cleaned (it competes with the cleaner) or on the tail's disk
+/// (it breaks the log's sequential writes there, which the chain exists to keep).
+const CLEANING_READ: Duration = HDD_READ;
+const TAIL_READ: Duration = Duration::from_millis(24);
 /// Costs are counted in these: servers this close in expected time tie.
 const COST_UNIT: Duration = Duration::from_micros(100);
 /// Weight of a new timing in a server's running average.
@@ -117,10 +124,11 @@ impl StaleReads {
     }
 
     /// GetCost: a read's expected time at the replica's server (its recent reads'
-    /// running average, else its device class's guess), times one plus the reads
-    /// queued there, in units of [`COST_UNIT`] so that near-equal servers tie; ties
-    /// spread chunks over replicas.
-    fn cost(&self, replica: &ReplicaAt, index: u64) -> (u64, u64) {
+    /// running average, else its device class's guess; a cache hit its ssd time, a
+    /// block its store says sits on a disk being cleaned or on the tail's disk more),
+    /// times one plus the reads queued there, in units of [`COST_UNIT`] so that
+    /// near-equal servers tie; ties spread chunks over replicas.
+    fn cost(&self, replica: &ReplicaAt, store: Option<ReadCost>, index: u64) -> (u64, u64) {
         let guess = match replica.class {
             DeviceClass::Ssd => SSD_READ,
             DeviceClass::Hdd => HDD_READ,
@@ -132,6 +140,7 @@ impl StaleReads {
             .get(&replica.id)
             .copied()
             .unwrap_or(guess.as_secs_f64());
+        let expected = priced(expected, store);
         let queued = self
             .in_flight
             .lock()
@@ -183,9 +192,10 @@ impl StaleReads {
         }
     }
 
-    /// Asks the replicas again (see the module comment); under the chunk's write
-    /// lock, so no read of it is in flight.
-    async fn ask(&self, index: u64, reading: &mut Reading) {
+    /// Asks the replicas again (see the module comment), and their stores' cost of
+    /// reading the block at `offset`; under the chunk's write lock, so no read of it
+    /// is in flight.
+    async fn ask(&self, index: u64, offset: u64, reading: &mut Reading) {
         let asked_at = Instant::now();
         let Some(versions) = self.chunks.replica_versions(index).await else {
             // Unasked, the bound cannot be kept: no replica until asked again.
@@ -207,17 +217,19 @@ impl StaleReads {
                 floor = floor.max(now.version);
             }
         }
-        let candidates: Vec<&ReplicaAt> = versions
+        let candidates: Vec<ReplicaAt> = versions
             .answered
-            .iter()
+            .into_iter()
             .filter(|r| r.version >= floor)
             .collect();
-        let choice = candidates
+        let costs = self.chunks.read_costs(index, offset, &candidates).await;
+        let priced: Vec<(&ReplicaAt, Option<ReadCost>)> = candidates.iter().zip(costs).collect();
+        let choice = priced
             .iter()
-            .filter(|r| Some(r.id) != reading.avoid)
-            .chain(candidates.iter())
-            .min_by_key(|r| self.cost(r, index))
-            .map(|r| (*r).clone());
+            .filter(|(r, _)| Some(r.id) != reading.avoid)
+            .chain(priced.iter())
+            .min_by_key(|(r, store)| self.cost(r, *store, index))
+            .map(|(r, _)| (*r).clone());
         reading.floor = floor;
         reading.from = choice;
         reading.asked_at = Some(asked_at);
@@ -228,6 +240,17 @@ impl StaleReads {
             || reading
                 .asked_at
                 .is_none_or(|t| t.elapsed() >= self.staleness)
+    }
+}
+
+/// A read's expected time (seconds) at a server, given what its store says the block
+/// costs it now.
+fn priced(expected: f64, store: Option<ReadCost>) -> f64 {
+    match store {
+        None | Some(ReadCost::BodyIdle) => expected,
+        Some(ReadCost::Cache) => expected.min(SSD_READ.as_secs_f64()),
+        Some(ReadCost::BodyCleaning) => expected + CLEANING_READ.as_secs_f64(),
+        Some(ReadCost::TailDisk) => expected + TAIL_READ.as_secs_f64(),
     }
 }
 
@@ -280,7 +303,7 @@ impl ChunkIo for StaleReads {
                 reading.asked_at = None;
             }
             if self.due(&reading) {
-                self.ask(index, &mut reading).await;
+                self.ask(index, offset, &mut reading).await;
                 asked = true;
                 if reading.from.is_none() {
                     drop(reading);
@@ -305,5 +328,28 @@ impl ChunkIo for StaleReads {
 
     fn is_allocated(&self, index: u64) -> bool {
         self.chunks.is_allocated(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Between servers equally fast so far, GetCost's order decides: a cache hit, an
+    /// idle body disk, the disk the cleaner reads, the tail's disk; and a cache hit on
+    /// an hdd server beats an uncached read there.
+    #[test]
+    fn a_stores_read_cost_orders_servers_equally_fast_so_far() {
+        let hdd = HDD_READ.as_secs_f64();
+        let order = [
+            Some(ReadCost::Cache),
+            Some(ReadCost::BodyIdle),
+            Some(ReadCost::BodyCleaning),
+            Some(ReadCost::TailDisk),
+        ]
+        .map(|store| priced(hdd, store));
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+        assert_eq!(priced(hdd, None), priced(hdd, Some(ReadCost::BodyIdle)));
+        assert!(priced(SSD_READ.as_secs_f64(), Some(ReadCost::TailDisk)) > hdd);
     }
 }

@@ -311,6 +311,9 @@ pub enum ReplicaRequest {
     LogSince { chunk: ChunkId, since: u64 },
     /// The ranges holding data (everything else is a hole).
     Extents { chunk: ChunkId },
+    /// GetCost: what reading the block holding `offset` costs this replica now (a
+    /// stale reader's replica choice).
+    ReadCost { chunk: ChunkId, offset: u64 },
     /// A fingerprint of each 4 KiB block, so that a repair whose source's journal
     /// lite does not reach back copies only the blocks that differ.
     BlockSums { chunk: ChunkId },
@@ -368,6 +371,7 @@ impl ReplicaRequest {
             | ReplicaRequest::LogSince { chunk, .. }
             | ReplicaRequest::Extents { chunk }
             | ReplicaRequest::BlockSums { chunk }
+            | ReplicaRequest::ReadCost { chunk, .. }
             | ReplicaRequest::Sync { chunk, .. }
             | ReplicaRequest::Repair { chunk, .. }
             | ReplicaRequest::Checksum { chunk, .. }
@@ -454,6 +458,10 @@ pub enum ReplicaResponse {
         /// Changes after `version` are in flight (handed to the store, not durable).
         #[serde(default)]
         pending: bool,
+    },
+    /// `None` from a store that cannot tell (the files engine).
+    ReadCost {
+        cost: Option<crate::ReadCost>,
     },
     Repaired {
         version: u64,

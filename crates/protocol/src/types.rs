@@ -13,6 +13,21 @@ pub struct ChunkId {
     pub index: u64,
 }
 
+/// GetCost (Yogurt, thesis chapter 5): the expected cost of reading a block at a
+/// replica now, ordered cheapest first; the chained-log engine's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadCost {
+    /// Never written (reads as zeroes) or in the RAM or flash tail cache.
+    Cache,
+    /// On a body disk the cleaner is not reading.
+    BodyIdle,
+    /// On the disk holding the head while the cleaner runs.
+    BodyCleaning,
+    /// On the tail's disk.
+    TailDisk,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceClass {

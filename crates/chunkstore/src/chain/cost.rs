@@ -9,18 +9,7 @@ use super::{Chain, LOW_WATER_DIVISOR};
 use crate::block_sums::BLOCK_BYTES;
 use floe_protocol::ChunkId;
 
-/// The expected cost of reading a block, ordered cheapest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ReadCost {
-    /// Never written (reads as zeroes) or in the RAM or flash tail cache.
-    Cache,
-    /// On a body disk the cleaner is not reading.
-    BodyIdle,
-    /// On the disk holding the head while the cleaner runs.
-    BodyCleaning,
-    /// On the tail's disk.
-    TailDisk,
-}
+pub use floe_protocol::ReadCost;
 
 impl Chain {
     /// What reading the block holding byte `offset` of `chunk` costs now.
