@@ -145,20 +145,27 @@ impl RemoteTransaction {
     /// client of the gateway takes it over with the handle returned
     /// ([`RemoteVolume::take_over`]) within a minute, else the gateway aborts it.
     pub async fn release(mut self) -> Result<u64, TxError> {
-        let changes = self.take_changes();
         let reply = self
-            .call(TxRequest::Release {
-                tx: self.tx,
-                changes,
-            })
+            .end_with(|tx, changes| TxRequest::Release { tx, changes })
             .await;
-        self.ended = true;
         match reply? {
             TxReply::Released { handle } => Ok(handle),
             other => Err(TxError::Remote(format!(
                 "unexpected reply {other:?} to a release"
             ))),
         }
+    }
+
+    /// Sends the buffered calls with the request that ends the transaction here (a
+    /// commit or a release); whatever the answer, nothing is left to abort.
+    async fn end_with(
+        &mut self,
+        request: impl FnOnce(u64, Vec<TxChange>) -> TxRequest,
+    ) -> Result<TxReply, TxError> {
+        let changes = self.take_changes();
+        let reply = self.call(request(self.tx, changes)).await;
+        self.ended = true;
+        reply
     }
 
     async fn call(&mut self, request: TxRequest) -> Result<TxReply, TxError> {
@@ -241,14 +248,9 @@ impl Blocks for RemoteTransaction {
     }
 
     async fn commit(mut self) -> Result<Outcome, TxError> {
-        let changes = self.take_changes();
         let reply = self
-            .call(TxRequest::Commit {
-                tx: self.tx,
-                changes,
-            })
+            .end_with(|tx, changes| TxRequest::Commit { tx, changes })
             .await;
-        self.ended = true;
         match reply? {
             TxReply::Committed { version } => Ok(Outcome::Committed { version }),
             TxReply::Conflict => Ok(Outcome::Conflict),
