@@ -731,28 +731,27 @@ impl ReplicatedChunks {
         Some(Ok(out))
     }
 
-    /// GetCost from each of `replicas` for the block holding `offset` of chunk
-    /// `index`: `None` where a store cannot tell (the files engine) or the replica
-    /// did not answer.
-    pub async fn read_costs(
-        &self,
-        index: u64,
-        offset: u64,
-        replicas: &[ReplicaAt],
-    ) -> Vec<Option<ReadCost>> {
+    /// GetCost from each good replica of chunk `index` for the block holding
+    /// `offset`, to be asked alongside their versions (one round trip, not two): a
+    /// replica is missing where it did not answer or its store cannot tell (the
+    /// files engine).
+    pub async fn read_costs(&self, index: u64, offset: u64) -> BTreeMap<ServerId, ReadCost> {
+        let Some(Replicas { good, .. }) = self.replicas(index) else {
+            return BTreeMap::new();
+        };
         let request = Request::Replica(ReplicaRequest::ReadCost {
             chunk: self.chunk_id(index),
             offset,
         });
-        let answers = futures::future::join_all(replicas.iter().map(|replica| {
+        let answers = futures::future::join_all(good.iter().map(|(_, address)| {
             self.pool
-                .call_within(&replica.address, request.clone(), REPLICA_TIMEOUT)
+                .call_within(address, request.clone(), REPLICA_TIMEOUT)
         }))
         .await;
-        answers
-            .into_iter()
-            .map(|answer| match answer {
-                Ok(Response::Replica(ReplicaResponse::ReadCost { cost })) => cost,
+        good.iter()
+            .zip(answers)
+            .filter_map(|((id, _), answer)| match answer {
+                Ok(Response::Replica(ReplicaResponse::ReadCost { cost })) => Some((*id, cost?)),
                 _ => None,
             })
             .collect()

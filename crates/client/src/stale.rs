@@ -197,7 +197,11 @@ impl StaleReads {
     /// is in flight.
     async fn ask(&self, index: u64, offset: u64, reading: &mut Reading) {
         let asked_at = Instant::now();
-        let Some(versions) = self.chunks.replica_versions(index).await else {
+        let (versions, costs) = tokio::join!(
+            self.chunks.replica_versions(index),
+            self.chunks.read_costs(index, offset)
+        );
+        let Some(versions) = versions else {
             // Unasked, the bound cannot be kept: no replica until asked again.
             reading.from = None;
             return;
@@ -222,8 +226,10 @@ impl StaleReads {
             .into_iter()
             .filter(|r| r.version >= floor)
             .collect();
-        let costs = self.chunks.read_costs(index, offset, &candidates).await;
-        let priced: Vec<(&ReplicaAt, Option<ReadCost>)> = candidates.iter().zip(costs).collect();
+        let priced: Vec<(&ReplicaAt, Option<ReadCost>)> = candidates
+            .iter()
+            .map(|r| (r, costs.get(&r.id).copied()))
+            .collect();
         let choice = priced
             .iter()
             .filter(|(r, _)| Some(r.id) != reading.avoid)
