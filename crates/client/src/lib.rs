@@ -33,7 +33,7 @@ pub mod stale;
 pub mod stripe;
 
 use floe_blockdev::BlockDevice;
-use floe_protocol::{VolumeLimits, WriteMode};
+use floe_protocol::{VolumeLimits, VolumeSpec, WriteMode};
 use std::sync::Arc;
 
 /// Bytes of writes acknowledged early (flush-epoch, log-commit) a volume may hold
@@ -95,9 +95,9 @@ pub async fn open_volume(
     // A log-commit volume's chunks hold its log: more than its size.
     let backing = map.volume.spec.backing_bytes();
     let write_mode = map.volume.spec.write_mode;
-    // A writer preserves what snapshots need (a log-commit volume has none).
+    // A writer preserves what snapshots need (a log-commit volume's: its log's chunks).
     let preserve = match &lease {
-        Some(lease) if write_mode != WriteMode::LogCommit => {
+        Some(lease) => {
             let confirm = snapshot::preserve::Confirm {
                 master: master.clone(),
                 volume: name.to_string(),
@@ -201,9 +201,28 @@ pub async fn open_snapshot(
         Some(parent) => Some(snapshot_chunks(master.clone(), parent).await?),
         None => None,
     };
+    let spec = VolumeSpec {
+        size_bytes: taken.size_bytes,
+        ..map.volume.spec.clone()
+    };
     let chunks = replicated::ReplicatedChunks::new(master, map, None);
     let reader = snapshot::SnapshotChunks::new(chunks, taken.epoch, parent);
-    Ok(stack(layout, taken.size_bytes, reader, limits))
+    let device = stack(layout, spec.backing_bytes(), reader, limits);
+    if spec.write_mode != WriteMode::LogCommit {
+        return Ok(device);
+    }
+    // The log as it was: recovered as after a crash at that moment (a prefix of the
+    // writes acknowledged before, every one issued before the snapshot was taken).
+    let log = log_commit::LogCommit::open(
+        &format!("{name}@{snapshot}"),
+        device,
+        spec.size_bytes,
+        false,
+        UNRETIRED_LIMIT_DEFAULT,
+    )
+    .await
+    .map_err(|e| format!("cannot read the log of snapshot {name}@{snapshot}: {e}"))?;
+    Ok(Arc::new(log))
 }
 
 /// The chunks of a clone's parent snapshot (itself reading through to its own

@@ -12,7 +12,7 @@ use crate::{Failure, Master, Reply};
 use floe_protocol::snapshot::{
     check_snapshot_name, split_index, SNAPSHOT_CONFIRM_WAIT, SNAPSHOT_EPOCH_MAX,
 };
-use floe_protocol::{MasterResponse, Snapshot, SnapshotEpochs, Status, Volume, WriteMode};
+use floe_protocol::{MasterResponse, Snapshot, SnapshotEpochs, Status, Volume};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -131,15 +131,6 @@ impl Master {
         let volume = self
             .put_volume(|state| {
                 let mut volume = state.volume(name)?;
-                if volume.spec.write_mode == WriteMode::LogCommit {
-                    return Err((
-                        Status::BadRequest,
-                        format!(
-                            "volume {name} is a log-commit volume: its chunks hold a log, \
-                             and snapshots of it are not supported"
-                        ),
-                    ));
-                }
                 if volume.snapshots.iter().any(|s| s.name == snapshot) {
                     return Err((
                         Status::AlreadyExists,

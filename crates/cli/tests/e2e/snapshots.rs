@@ -7,9 +7,10 @@
 //! incremental backup (scripts/copy-changed.py over floe:changed-since) copies only
 //! what changed; a rollback is refused while the volume is open, then brings the
 //! snapshot back and leaves newer snapshots as they were. A clone reads its parent
-//! snapshot, diverges, and once flattened reads the same without it.
+//! snapshot, diverges, and once flattened reads the same without it. A log-commit
+//! volume's snapshot reads its log as it was; a rollback brings it back.
 
-use crate::cluster::{free_ports, ok, output, random_file, Cluster, TestDir};
+use crate::cluster::{free_ports, nbdsh, ok, output, random_file, Cluster, TestDir};
 use crate::expand::{await_new_servers, expand_command, moves, Extra, MOVE_TIMEOUT};
 use crate::fio_job::{assert_clean, FioJob, Verify};
 use crate::io_helpers::{floe_output, kill9, text, wait_until};
@@ -424,6 +425,53 @@ fn an_incremental_backup_copies_only_what_changed_and_a_rollback_brings_the_snap
         "the volume differs from monday after the rollback"
     );
     assert!(same(&backup, &tuesday), "tuesday changed with the rollback");
+}
+
+/// A log-commit volume's chunks hold a log, which its snapshot export recovers as
+/// after a crash at that moment: every write a completed FUA write covers, a prefix
+/// of the rest. Write A, end it with a FUA write, snapshot, write B over part of A:
+/// the snapshot reads A, the volume does not; what changed is refused (not known per
+/// block); a rollback compares every piece and brings A back.
+#[test]
+fn a_log_commit_volume_has_snapshots_that_read_its_log_as_it_was() {
+    let dir = TestDir::new();
+    let work = tempfile::tempdir().unwrap();
+    let args = vec!["--write-mode".to_string(), "log-commit".to_string()];
+    let cluster = Cluster::start_with(dir.path(), free_ports(), None, args);
+    let uri = cluster.uri().to_string();
+    let (a, expected) = write_a(&uri, work.path());
+    // Its last block again, FUA: answered once every earlier write is durable.
+    let last = A_BYTES - 4096;
+    let script = format!(
+        "h.pwrite(open({:?}, 'rb').read()[{last}:], {last}, nbd.CMD_FLAG_FUA)",
+        a.display().to_string()
+    );
+    ok(nbdsh().args(["-u", &uri, "-c", &script]));
+    cluster.floe(&["snapshot", "create", "demo@one"]);
+    let fio = FioJob::random_4k(&uri, work.path(), 5).io_size("8M").run();
+    assert_clean(&fio, "fio's random writes");
+    let one = format!("{uri}@one");
+    assert!(same(&expected, &one), "the snapshot differs from A");
+    assert!(
+        !same(&expected, &uri),
+        "fio's writes did not change the volume"
+    );
+    let refused = floe_output(&cluster, &["volume", "diff", "demo@one"]);
+    assert!(
+        !refused.status.success() && text(&refused).contains("not known per block"),
+        "{}",
+        text(&refused)
+    );
+    let rolled = cluster.floe(&["volume", "rollback", "demo@one"]);
+    assert!(rolled.contains("rolled demo back"), "{rolled}");
+    assert!(
+        same(&expected, &uri),
+        "the volume differs from the snapshot after the rollback"
+    );
+    assert!(
+        same(&expected, &one),
+        "the snapshot changed with the rollback"
+    );
 }
 
 /// A client holding export `uri` open (kill it to close).

@@ -8,7 +8,7 @@ use super::blocks::Blocks;
 use crate::master::MasterClient;
 use crate::replicated::ReplicatedChunks;
 use floe_protocol::snapshot::{delta_index, split_index, SNAPSHOT_BLOCK_BYTES};
-use floe_protocol::{Snapshot, VolumeSpec};
+use floe_protocol::{Snapshot, VolumeSpec, WriteMode};
 use std::sync::Arc;
 
 /// Ranges of a volume, (offset, length), sorted and merged.
@@ -40,6 +40,12 @@ pub async fn changed(
     until: Option<&str>,
 ) -> Result<Ranges, String> {
     let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
+    if map.volume.spec.write_mode == WriteMode::LogCommit {
+        return Err(format!(
+            "volume {name} is log-commit: its chunks hold a log, so what changed is not \
+             known per block (copy the whole snapshot instead)"
+        ));
+    }
     let from = snapshot(&map.volume.snapshots, name, since)?.epoch;
     let to = match until {
         Some(until) => Some(snapshot(&map.volume.snapshots, name, until)?.epoch),

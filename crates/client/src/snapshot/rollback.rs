@@ -5,6 +5,7 @@
 use super::diff;
 use crate::master::MasterClient;
 use crate::{open_snapshot, open_volume, Access, UNRETIRED_LIMIT_DEFAULT};
+use floe_protocol::WriteMode;
 use std::sync::Arc;
 
 /// Bytes copied per request.
@@ -25,8 +26,15 @@ pub async fn rollback(
     let volume = open_volume(master.clone(), name, access)
         .await
         .map_err(|e| format!("{e} (a rollback needs the volume closed)"))?;
-    // Under the lease: nothing else changes the volume from here on.
-    let changed = diff::changed(master.clone(), name, snapshot, None).await?;
+    // Under the lease: nothing else changes the volume from here on. A log-commit
+    // volume's changes are not known per block: every piece is compared, and written
+    // back where it differs.
+    let map = master.volume_map(name).await.map_err(|e| e.to_string())?;
+    let compare = map.volume.spec.write_mode == WriteMode::LogCommit;
+    let changed = match compare {
+        true => vec![(0, volume.size())],
+        false => diff::changed(master.clone(), name, snapshot, None).await?,
+    };
     let image = open_snapshot(master, name, snapshot).await?;
     let total: u64 = changed.iter().map(|r| r.1).sum();
     let mut done = 0;
@@ -43,9 +51,20 @@ pub async fn rollback(
             .map_err(|e| format!("reading {name}@{snapshot} at {at}: {e}"))?;
             let mut piece = bytes::BytesMut::zeroed(n as usize);
             piece[..data.len()].copy_from_slice(&data);
-            let written = match piece.iter().any(|b| *b != 0) {
-                true => volume.write(at, piece.freeze(), false).await,
-                false => volume.write_zeroes(at, n, true).await,
+            let unchanged = match compare {
+                true => {
+                    volume
+                        .read(at, n as u32)
+                        .await
+                        .map_err(|e| format!("reading {name} at {at}: {e}"))?
+                        == piece
+                }
+                false => false,
+            };
+            let written = match (unchanged, piece.iter().any(|b| *b != 0)) {
+                (true, _) => Ok(()),
+                (false, true) => volume.write(at, piece.freeze(), false).await,
+                (false, false) => volume.write_zeroes(at, n, true).await,
             };
             written.map_err(|e| format!("writing {name} at {at}: {e}"))?;
             at += n;
@@ -57,5 +76,9 @@ pub async fn rollback(
         .flush()
         .await
         .map_err(|e| format!("flushing {name}: {e}"))?;
+    // A FLUSH only orders the writes of a volume that acknowledges early (flush-epoch,
+    // log-commit): its layer, dropped, goes on until they are durable.
+    drop(volume);
+    crate::draining::drained_volume(name).await;
     Ok(total)
 }
