@@ -429,9 +429,10 @@ fn an_incremental_backup_copies_only_what_changed_and_a_rollback_brings_the_snap
 
 /// A log-commit volume's chunks hold a log, which its snapshot export recovers as
 /// after a crash at that moment: every write a completed FUA write covers, a prefix
-/// of the rest. Write A, end it with a FUA write, snapshot, write B over part of A:
-/// the snapshot reads A, the volume does not; what changed is refused (not known per
-/// block); a rollback compares every piece and brings A back.
+/// of the rest. Write A, end it with a FUA write, snapshot, write B over part of A
+/// through a kill -9 of a chunk server and its repair: the snapshot reads A, the
+/// volume does not; what changed is refused (not known per block); a rollback
+/// compares every piece and brings A back.
 #[test]
 fn a_log_commit_volume_has_snapshots_that_read_its_log_as_it_was() {
     let dir = TestDir::new();
@@ -448,8 +449,15 @@ fn a_log_commit_volume_has_snapshots_that_read_its_log_as_it_was() {
     );
     ok(nbdsh().args(["-u", &uri, "-c", &script]));
     cluster.floe(&["snapshot", "create", "demo@one"]);
-    let fio = FioJob::random_4k(&uri, work.path(), 5).io_size("8M").run();
-    assert_clean(&fio, "fio's random writes");
+    // B over A, through a kill -9 of a chunk server and the repair after it.
+    let fio = FioJob::random_4k(&uri, work.path(), 5)
+        .size("64M")
+        .runtime(10)
+        .spawn();
+    std::thread::sleep(Duration::from_secs(3));
+    kill9(cluster.info.chunkserver_pids[1]);
+    assert_clean(&fio.wait_with_output().unwrap(), "fio's random writes");
+    cluster.wait_for_redundancy(Duration::from_secs(240));
     let one = format!("{uri}@one");
     assert!(same(&expected, &one), "the snapshot differs from A");
     assert!(
