@@ -211,8 +211,8 @@ pub async fn open_snapshot(
     if spec.write_mode != WriteMode::LogCommit {
         return Ok(device);
     }
-    // The log as it was: recovered as after a crash at that moment (a prefix of the
-    // writes acknowledged before, every one issued before the snapshot was taken).
+    // The log as it was: recovered as after a crash at that moment (every write a
+    // completed FUA write covered, a prefix of the rest).
     let log = log_commit::LogCommit::open(
         &format!("{name}@{snapshot}"),
         device,

@@ -432,7 +432,7 @@ fn an_incremental_backup_copies_only_what_changed_and_a_rollback_brings_the_snap
 /// of the rest. Write A, end it with a FUA write, snapshot, write B over part of A
 /// through a kill -9 of a chunk server and its repair: the snapshot reads A, the
 /// volume does not; what changed is refused (not known per block); a rollback
-/// compares every piece and brings A back.
+/// compares every piece and brings A back; a clone reads A, then diverges.
 #[test]
 fn a_log_commit_volume_has_snapshots_that_read_its_log_as_it_was() {
     let dir = TestDir::new();
@@ -479,6 +479,22 @@ fn a_log_commit_volume_has_snapshots_that_read_its_log_as_it_was() {
     assert!(
         same(&expected, &one),
         "the snapshot changed with the rollback"
+    );
+
+    // A clone of it is a log-commit volume whose log starts as the snapshot's.
+    cluster.floe(&["volume", "clone", "demo@one", "vm2"]);
+    let vm2 = uri.replace("/demo", "/vm2");
+    assert!(same(&expected, &vm2), "the clone does not read as A");
+    let fio = FioJob::random_4k(&vm2, work.path(), 3)
+        .size("64M")
+        .io_size("4M")
+        .verify(Verify::WriteAndRead)
+        .run();
+    assert_clean(&fio, "fio writing the clone");
+    assert!(!same(&expected, &vm2), "the clone did not diverge");
+    assert!(
+        same(&expected, &one),
+        "the clone's writes changed its parent snapshot"
     );
 }
 
