@@ -169,6 +169,7 @@ fn replaying() -> bool {
 const FOUND_BUGS_WRITE_BACK: &[(u64, &str)] = &[
     (443, "the audit a takeover queued was lost when the master restarted before it could reach the replicas, and the new writer released cleanly: a replica the dead writer had left behind (its report cut off) stayed counted current"),
     (2750, "after a power cut of every host lost a write the replicas had not synced, the deposed writer's FLUSH was answered Done by replicas holding the new writer's higher versions: a flushed write lost"),
+    (455369138, "with every replica stale, a view change's prefetches ran at once and the source repaired from itself, refusing to be the others' source meanwhile: the chunk never healed"),
 ];
 
 #[test]

@@ -65,10 +65,13 @@ pub(super) async fn recover(
     let copy = plan::copy_from(&plan, &placement, &reports)?;
     // At once: a chunk with two replicas to copy is below a majority until both end.
     // Each runs to its end even if another fails: a target goes on with a repair whose
-    // caller left, and would refuse the next attempt's while it runs.
+    // caller left, and would refuse the next attempt's while it runs. A stale source
+    // (no replica good) is not repaired from itself: while it did, it refused to be
+    // the others' source, and every attempt failed (simulator seed 455369138).
     let prefetches = plan
         .targets
         .iter()
+        .filter(|target| **target != copy.source)
         .map(|target| repair(*target, copy.source, RepairKind::Prefetch));
     let prefetched: Result<Vec<_>, _> = futures::future::join_all(prefetches)
         .await
