@@ -173,6 +173,21 @@ pub(crate) fn take_paced_until() -> Option<Instant> {
     PACED_UNTIL.take()
 }
 
+/// Runs `io`, an access issued ahead of need (as the kernel's readahead is): the
+/// thread does not wait for it now; returns its result and when the emulated disk
+/// completes it (`None`: no emulated access), to wait for with [`pace_until`] once
+/// the data is needed.
+pub(crate) fn issued_ahead<T>(io: impl FnOnce() -> T) -> (T, Option<Instant>) {
+    let before = PACED_UNTIL.take();
+    let result = io();
+    (result, PACED_UNTIL.replace(before))
+}
+
+/// The thread will wait until `at` (an access [`issued_ahead`] whose data it needs).
+pub(crate) fn pace_until(at: Instant) {
+    HddFile::wait(at);
+}
+
 /// A disk whose chunk files and own journal (in `data_dir`) lie on an emulated hdd,
 /// or whose chain disks' logs each lie on their own; every other file (the log, the
 /// meta file, ssd journals, the chain's saved map) is left as is.
