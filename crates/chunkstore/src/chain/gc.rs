@@ -10,7 +10,7 @@
 //! The head is read ahead of the cleaner, [`READ_AHEAD_BLOCKS`] at a time from the
 //! first live block it needs to the last live one of that window (one read per
 //! disk piece), not block by block: on an hdd every skipped dead block would cost a
-//! seek. The next window is issued as soon as the cleaner starts on one, and the
+//! seek. [`READ_AHEAD_WINDOWS`] windows are kept issued, and the
 //! committer, which runs the cleaner, waits for a window only when it needs its
 //! data and the disk has not delivered it yet: the head's disk reads while the
 //! tail's writes go on (the thesis's point: cleaning reads the body, not the tail
@@ -32,7 +32,7 @@ use std::time::Instant;
 
 /// Blocks the cleaner may move per block of client data, under the low-water mark.
 pub(crate) const MOVES_PER_WRITTEN_BLOCK: u64 = 2;
-/// Blocks of the head one read ahead covers (4 MiB).
+/// Blocks of the head one read ahead covers (8 MiB).
 const READ_AHEAD_BLOCKS: u64 = 8 * SEGMENT_BLOCKS;
 /// Windows read ahead at most, the one in use included: those beyond it are in
 /// the disk's queue while the cleaner works through it.
