@@ -4,12 +4,13 @@
 //! flash), random 64 KiB writes by 8 writers while
 //! - `alone`: nothing else runs (no cleaning: the chain has room for the whole run),
 //! - `reader`: 8 random 4 KiB readers read 64 MiB written before (on disk 0),
-//! - `gc`: the cleaner runs (a 3 x 64 MiB chain, 80 MiB live, overwritten at random),
+//! - `gc`: the cleaner runs (a 3 x 256 MiB chain, 320 MiB live, overwritten at
+//!   random),
 //! - `reader+gc`: both,
 //!
 //! each for the chained layout (Gecko) and the striped one (a log-structured RAID-0
 //! over the same disks: the same engine, its log dealt in 64 KiB stripe units).
-//! The tail cache is RAM, a disk's worth (the thesis's flash cache is not built).
+//! The tail cache is RAM, a disk's worth (no flash tail cache).
 //! The chain disks' writes are write-behind up to 100 ms of disk time (the page
 //! cache; the write-ahead log holds the data), reads wait for the disk.
 //! Prints one line per run and a summary of medians with ratios; writes JSON (every
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
+const BLOCK_BYTES: u64 = 4096;
 const WRITE_BYTES: u64 = 64 << 10;
 const READ_BYTES: u64 = 4 << 10;
 const WRITERS: usize = 8;
@@ -83,16 +85,24 @@ struct Setup {
     live_bytes: u64,
 }
 
+/// Without cleaning, the run's writes must fit in the disk's worth between the
+/// tail's start (disk 1) and the cleaner's mark (a disk free): this much per
+/// second, above the striped log's best alone (319 MB/s on a quiet machine).
+const NO_GC_DISK_BYTES_PER_SECOND: u64 = 384 * MIB;
+
 impl Setup {
-    fn of(scenario: Scenario) -> Setup {
+    fn of(scenario: Scenario, seconds: u64) -> Setup {
         match scenario.gc {
             false => Setup {
-                disk_bytes: 512 * MIB,
+                disk_bytes: (seconds * NO_GC_DISK_BYTES_PER_SECOND).max(256 * MIB),
                 live_bytes: 64 * MIB,
             },
+            // 5/12 of the chain live. Disks of 256 MiB, not 64: each time the tail
+            // enters the next disk the last one's write-behind (100 ms) drains
+            // beside the new one's, and with 64 MiB disks that came every 0.4 s.
             true => Setup {
-                disk_bytes: 64 * MIB,
-                live_bytes: 80 * MIB,
+                disk_bytes: 256 * MIB,
+                live_bytes: 320 * MIB,
             },
         }
     }
@@ -100,6 +110,9 @@ impl Setup {
 
 struct Run {
     write_mb_s: f64,
+    /// What the cleaner moved to the tail: with the clients' writes, what the tail
+    /// disk wrote (move-to-tail takes that share of its bandwidth).
+    moved_mb_s: f64,
     read_iops: f64,
     /// (seconds, write MB/s, read IOPS) per sample.
     series: Vec<(f64, f64, f64)>,
@@ -155,9 +168,25 @@ async fn write_range(store: &Store, volume: u64, from: u64, bytes: u64, fill: u8
     }
 }
 
+/// A warm-up write: 64 KiB somewhere in the live set.
+async fn overwrite(store: &Store, random: &mut StdRng, setup: &Setup) {
+    let data = Bytes::from(vec![2u8; WRITE_BYTES as usize]);
+    let at = random.gen_range(0..setup.live_bytes / WRITE_BYTES) * WRITE_BYTES;
+    let (chunk, offset) = chunk_at(READ_VOLUME, at);
+    store
+        .write(chunk, offset, data, ChunkMeta::default())
+        .await
+        .expect("warm-up write");
+}
+
 /// Without emulation (fast): the read set, then either a spacer that takes the tail
 /// to disk 1 (the read set stays on a body disk) or, for cleaning, random overwrites
-/// of the live set until the chain has been written twice over.
+/// of the live set until the chain has been written twice over and then until the
+/// tail enters the next disk. The measured run reopens the store, with empty tail
+/// caches: what the preload left on the tail's disk would be read from it (a
+/// restart's cost, not the steady state's); the tail starting on a fresh disk has
+/// it hold only what the run writes (and the log's replay), all in the RAM cache.
+/// Both layouts are preloaded alike.
 fn preload(dir: &Path, layout: ChainLayout, scenario: Scenario, setup: &Setup) {
     let runtime = runtime();
     runtime.block_on(async {
@@ -171,14 +200,17 @@ fn preload(dir: &Path, layout: ChainLayout, scenario: Scenario, setup: &Setup) {
         write_range(&store, READ_VOLUME, 0, setup.live_bytes, 1).await;
         if scenario.gc {
             let mut random = StdRng::seed_from_u64(7);
-            let data = Bytes::from(vec![2u8; WRITE_BYTES as usize]);
             for _ in 0..6 * setup.disk_bytes / WRITE_BYTES {
-                let at = random.gen_range(0..setup.live_bytes / WRITE_BYTES) * WRITE_BYTES;
-                let (chunk, offset) = chunk_at(READ_VOLUME, at);
-                store
-                    .write(chunk, offset, data.clone(), ChunkMeta::default())
-                    .await
-                    .expect("warm-up write");
+                overwrite(&store, &mut random, setup).await;
+            }
+            let disk_blocks = setup.disk_bytes / BLOCK_BYTES;
+            let tail_disk = || {
+                let stats = store.chain_stats().expect("a chain");
+                stats.tail % stats.capacity_blocks / disk_blocks
+            };
+            let disk = tail_disk();
+            while tail_disk() == disk {
+                overwrite(&store, &mut random, setup).await;
             }
         } else {
             let spacer = setup.disk_bytes - setup.live_bytes;
@@ -196,7 +228,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn measure(dir: &Path, layout: ChainLayout, scenario: Scenario, seconds: u64, seed: u64) -> Run {
-    let setup = Setup::of(scenario);
+    let setup = Setup::of(scenario, seconds);
     preload(dir, layout, scenario, &setup);
     let runtime = runtime();
     runtime.block_on(async {
@@ -268,12 +300,14 @@ fn measure(dir: &Path, layout: ChainLayout, scenario: Scenario, seconds: u64, se
             task.await.unwrap();
         }
         let after = store.chain_stats().unwrap();
+        let moved = after.gc_moved_blocks - before.gc_moved_blocks;
         Run {
             write_mb_s: last_written as f64 / elapsed / 1e6,
+            moved_mb_s: (moved * BLOCK_BYTES) as f64 / elapsed / 1e6,
             read_iops: last_reads as f64 / elapsed,
             series,
             stats: ChainStats {
-                gc_moved_blocks: after.gc_moved_blocks - before.gc_moved_blocks,
+                gc_moved_blocks: moved,
                 gc_freed_segments: after.gc_freed_segments - before.gc_freed_segments,
                 reads_cache: after.reads_cache - before.reads_cache,
                 reads_tail_disk: after.reads_tail_disk - before.reads_tail_disk,
@@ -328,7 +362,7 @@ fn main() {
                 let s = &result.stats;
                 println!(
                     "run {run} {:>9} {:>5}: write {:6.1} MB/s, read {:6.0} IOPS; reads: cache {} tail disk {} \
-                     body disks {}; gc moved {} blocks, freed {} segments, read {} blocks off the tail disk, {} off the body",
+                     body disks {}; gc moved {} blocks ({:.1} MB/s), freed {} segments, read {} blocks off the tail disk, {} off the body",
                     scenario.name,
                     name(layout),
                     result.write_mb_s,
@@ -337,6 +371,7 @@ fn main() {
                     s.reads_tail_disk,
                     s.reads_body_disk,
                     s.gc_moved_blocks,
+                    result.moved_mb_s,
                     s.gc_freed_segments,
                     s.gc_reads_tail_disk,
                     s.gc_reads_body_disk
@@ -374,9 +409,16 @@ fn main() {
             .iter()
             .map(|r| r.stats.reads_tail_disk)
             .sum();
+        let chain_moved = median(
+            by_case[&(scenario.name, "chain")]
+                .iter()
+                .map(|r| r.moved_mb_s)
+                .collect(),
+        );
         println!(
             "{:>9}: chain {chain:6.1} raid0 {raid:6.1}  chain/raid0 {:5.2}x  chain/alone {:4.2}x  \
-             raid0/alone {:4.2}x  read IOPS chain {:5.0} raid0 {:5.0}  chain tail-disk reads {tail_reads}",
+             raid0/alone {:4.2}x  read IOPS chain {:5.0} raid0 {:5.0}  chain tail-disk reads {tail_reads}  \
+             chain moved {chain_moved:.1} MB/s",
             scenario.name,
             chain / raid,
             chain / chain_alone,
@@ -395,6 +437,7 @@ fn main() {
                 "chain_read_iops": reads("chain"),
                 "raid0_read_iops": reads("raid0"),
                 "chain_tail_disk_reads": tail_reads,
+                "chain_moved_mb_s": chain_moved,
             }),
         );
     }
@@ -407,6 +450,7 @@ fn main() {
                 "layout": layout,
                 "run": run,
                 "write_mb_s": r.write_mb_s,
+                "moved_mb_s": r.moved_mb_s,
                 "read_iops": r.read_iops,
                 "reads_cache": s.reads_cache,
                 "reads_tail_disk": s.reads_tail_disk,

@@ -69,9 +69,11 @@ impl State {
             "a hole of the saved map was filled behind the cleaner"
         );
         self.disks.write(position, block)?;
-        // The caches hold the position's old (dead) bytes if it is recent.
+        // The caches hold the position's old (dead) bytes if it is recent, and so
+        // may the head the cleaner read ahead.
         self.cache.forget(position);
         self.flash.forget(position);
+        self.patch_read_ahead(position, block);
         self.maps.set(key, super::map::Slot { position, crc });
         self.counters.gc_compacted_blocks.fetch_add(1, Relaxed);
         Ok(true)
@@ -160,10 +162,11 @@ mod tests {
         write(&chain, 16 << 20, &c);
         write(&chain, 8 << 20, &[0xbb; 1 << 20]);
         chain.persist().unwrap();
-        // C again (segment 3, disk 1), then up to the cleaning mark (576 free of
-        // 2304), and one block past it: the cleaner takes 2 of A's blocks.
+        // C again (segment 3, disk 1), then up to the cleaning mark (a disk and a
+        // segment, 1024 of 2304, free), and one block past it: the cleaner takes 2
+        // of A's blocks.
         write(&chain, 16 << 20, &[0xdd; 1 << 20]);
-        write(&chain, 32 << 20, &vec![0xee; 704 << 12]);
+        write(&chain, 32 << 20, &[0xee; 1 << 20]);
         write(&chain, 48 << 20, &[0xff; 4096]);
         let stats = chain.stats();
         assert_eq!(

@@ -5,7 +5,7 @@
 //! reading competes with it, and one on the tail disk breaks its sequential writes.
 
 use super::map::BlockKey;
-use super::{Chain, LOW_WATER_DIVISOR};
+use super::Chain;
 use crate::block_sums::BLOCK_BYTES;
 use floe_protocol::ChunkId;
 
@@ -26,7 +26,7 @@ impl Chain {
             return ReadCost::Cache;
         }
         let disk = state.disks.place(slot.position).0;
-        let cleaning = state.room() < state.disks.total_blocks() / LOW_WATER_DIVISOR;
+        let cleaning = state.cleaning_due();
         let head = state.head_segment * super::disks::SEGMENT_BLOCKS;
         if disk == state.disks.place(state.tail).0 {
             ReadCost::TailDisk
@@ -58,13 +58,14 @@ mod tests {
         // 512-1023: the tail on disk 1.
         write(&chain, 8 << 20, &vec![2u8; 2 << 20]);
         assert_eq!(chain.read_cost(CHUNK, 0), ReadCost::BodyIdle);
-        // 1024-1726, on to disk 2, just short of the cleaning mark (576 free).
-        write(&chain, 16 << 20, &vec![3u8; 703 << 12]);
-        assert_eq!(chain.read_cost(CHUNK, 9 << 20), ReadCost::BodyIdle);
+        // 1024-1279, still on disk 1, up to the cleaning mark (a disk and a segment,
+        // 1024 blocks, free): 768, on the tail's disk and out of the RAM cache, is a
+        // seek of the tail's arm.
+        write(&chain, 16 << 20, &[3u8; 1 << 20]);
+        assert_eq!(chain.read_cost(CHUNK, 9 << 20), ReadCost::TailDisk);
         assert_eq!(chain.read_cost(CHUNK, 0), ReadCost::BodyIdle);
-        // Two blocks more: 575 free, and the cleaner moves 2 blocks of the head.
+        // One block more: 1023 free, and the cleaner moves 2 blocks of the head.
         write(&chain, 32 << 20, &[4u8; 4096]);
-        write(&chain, 32 << 20, &[5u8; 4096]);
         let stats = chain.stats();
         assert_eq!(stats.gc_moved_blocks, 2, "{stats:?}");
         assert_eq!(
@@ -73,6 +74,5 @@ mod tests {
             "moved to the tail"
         );
         assert_eq!(chain.read_cost(CHUNK, 8 << 10), ReadCost::BodyCleaning);
-        assert_eq!(chain.read_cost(CHUNK, 9 << 20), ReadCost::BodyIdle);
     }
 }

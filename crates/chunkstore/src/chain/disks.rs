@@ -75,13 +75,13 @@ impl Disks {
         (disk, at * BLOCK_BYTES, run)
     }
 
-    /// The pieces of `blocks` blocks from `position` (within one segment, so one
-    /// lap) that stay contiguous on one disk: (disk, byte offset there, first
-    /// block of the piece counted from `position`, blocks).
+    /// The pieces of `blocks` blocks from `position` (within one lap) that stay
+    /// contiguous on one disk: (disk, byte offset there, first block of the piece
+    /// counted from `position`, blocks).
     fn pieces(&self, position: u64, blocks: u64) -> Vec<(usize, u64, u64, u64)> {
         assert!(
-            blocks <= SEGMENT_BLOCKS - position % SEGMENT_BLOCKS,
-            "a run crosses a segment"
+            blocks <= self.total_blocks() - position % self.total_blocks(),
+            "a run crosses the end of a lap"
         );
         let mut pieces = Vec::new();
         let mut done = 0;
@@ -105,8 +105,9 @@ impl Disks {
         Ok(())
     }
 
-    /// Reads whole blocks starting at `position`, within one segment, one read per
-    /// disk piece; returns each piece's disk and blocks (for the read counters).
+    /// Reads whole blocks starting at `position`, within one lap (the cleaner reads
+    /// the head several segments at a time), one read per disk piece; returns each
+    /// piece's disk and blocks (for the read counters).
     pub(crate) fn read(&self, position: u64, out: &mut [u8]) -> io::Result<Vec<(usize, u64)>> {
         assert_eq!(out.len() as u64 % BLOCK_BYTES, 0, "whole blocks only");
         let pieces = self.pieces(position, out.len() as u64 / BLOCK_BYTES);

@@ -157,8 +157,9 @@ mod tests {
         write(&chain, 8 << 20, &[0xbb; 1 << 20]);
         write(&chain, 16 << 20, &[0xdd; 1 << 20]);
         chain.persist().unwrap();
-        // Up to the cleaning mark, and one block past it: 2 of A's blocks compacted.
-        write(&chain, 32 << 20, &vec![0xee; 704 << 12]);
+        // Up to the cleaning mark (a disk and a segment free: the tail at 1280, on
+        // disk 1), and one block past it: 2 of A's blocks compacted.
+        write(&chain, 32 << 20, &[0xee; 1 << 20]);
         write(&chain, 48 << 20, &[0xff; 4096]);
         let stats = chain.stats();
         assert_eq!(stats.gc_compacted_blocks, 2, "{stats:?}");

@@ -7,9 +7,15 @@
 //! wrote, so cleaning takes a bounded share of the tail disk's bandwidth; only when
 //! the log is about to run out does it clean without a bound.
 //!
-//! The head segment is read from disk once, from the first live block the cleaner
-//! needs to the segment's last live one (one read per disk piece), not block by
-//! block: on an hdd, every skipped dead block would otherwise cost a seek.
+//! The head is read ahead of the cleaner, [`READ_AHEAD_BLOCKS`] at a time from the
+//! first live block it needs to the last live one of that window (one read per
+//! disk piece), not block by block: on an hdd every skipped dead block would cost a
+//! seek. [`READ_AHEAD_WINDOWS`] windows are kept issued, and the
+//! committer, which runs the cleaner, waits for a window only when it needs its
+//! data and the disk has not delivered it yet: the head's disk reads while the
+//! tail's writes go on (the thesis's point: cleaning reads the body, not the tail
+//! disk). A window is big so that reads of other data on the head's disk (a
+//! reader's) cost a seek per window, not per segment.
 //!
 //! A freed segment is not written again until the map is saved (see
 //! [`super::pages`]): until then the saved map may still point into it, and a power
@@ -19,11 +25,36 @@ use super::compact::Gc;
 use super::disks::SEGMENT_BLOCKS;
 use super::State;
 use crate::block_sums::BLOCK_BYTES;
+use crate::disk::hdd;
 use std::io;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 /// Blocks the cleaner may move per block of client data, under the low-water mark.
 pub(crate) const MOVES_PER_WRITTEN_BLOCK: u64 = 2;
+/// Blocks of the head one read ahead covers (8 MiB).
+const READ_AHEAD_BLOCKS: u64 = 8 * SEGMENT_BLOCKS;
+/// Windows read ahead at most, the one in use included: those beyond it are in
+/// the disk's queue while the cleaner works through it.
+const READ_AHEAD_WINDOWS: usize = 3;
+
+/// Head data the cleaner read ahead: the window `[.., window_end)` of the log, of
+/// which `data` holds the blocks from `from` (its first live block) to its last
+/// live one, delivered by the disk at `ready`. Valid until the cleaner passes it:
+/// the tail writes a position once per lap, after the head has passed it, and a
+/// compaction into a hole of the window updates `data` ([`State::patch_read_ahead`]).
+pub(crate) struct HeadRead {
+    from: u64,
+    data: Vec<u8>,
+    window_end: u64,
+    ready: Option<Instant>,
+}
+
+impl HeadRead {
+    fn holds(&self, position: u64) -> bool {
+        (self.from..self.from + self.data.len() as u64 / BLOCK_BYTES).contains(&position)
+    }
+}
 
 impl State {
     /// Cleans from the head: moves up to `moves` live blocks to the tail and frees
@@ -46,7 +77,7 @@ impl State {
                 let position = self.gc_cursor;
                 if let Some((key, crc)) = self.maps.at(position) {
                     // The crc moves unchanged: a corrupt block stays corrupt.
-                    self.read_to_move(position, segment_end, &mut block)?;
+                    self.read_to_move(position, &mut block)?;
                     if !(self.gc == Gc::CompactInBody && self.compact(key, &block, crc)?) {
                         self.append(key, &block, crc)?;
                         self.counters.gc_moved_blocks.fetch_add(1, Relaxed);
@@ -65,34 +96,91 @@ impl State {
         Ok(())
     }
 
-    /// The live block at `position` of the head segment (which ends at
-    /// `segment_end`): from the tail cache, else from the segment's data read once.
-    fn read_to_move(&mut self, position: u64, segment_end: u64, out: &mut [u8]) -> io::Result<()> {
+    /// The live block at `position` of the head segment: from the tail cache, else
+    /// from the head read ahead (waiting for the disk only if it has not delivered
+    /// it yet), keeping the next window issued.
+    fn read_to_move(&mut self, position: u64, out: &mut [u8]) -> io::Result<()> {
         if let Some(block) = self.cache.get(position) {
             out.copy_from_slice(block);
             return Ok(());
         }
-        let covered = |(from, data): &(u64, Vec<u8>)| {
-            (*from..from + data.len() as u64 / BLOCK_BYTES).contains(&position)
+        while self
+            .gc_reads
+            .front()
+            .is_some_and(|read| read.window_end <= position)
+        {
+            self.gc_reads.pop_front();
+        }
+        if !self
+            .gc_reads
+            .front()
+            .is_some_and(|read| read.holds(position))
+        {
+            // Nothing read ahead here (the first move, or the cache served the
+            // window's blocks so far): read from here on.
+            self.gc_reads.clear();
+            let issued = self.read_ahead(position)?;
+            assert!(issued, "a live block of the head is on disk");
+        }
+        while self.gc_reads.len() < READ_AHEAD_WINDOWS {
+            let next = self.gc_reads.back().expect("one read").window_end;
+            if !self.read_ahead(next)? {
+                break;
+            }
+        }
+        let read = &self.gc_reads[0];
+        assert!(read.holds(position), "the block to move was read");
+        if let Some(ready) = read.ready {
+            hdd::pace_until(ready);
+        }
+        let at = ((position - read.from) * BLOCK_BYTES) as usize;
+        out.copy_from_slice(&read.data[at..at + BLOCK_BYTES as usize]);
+        Ok(())
+    }
+
+    /// Issues the read of the head's window from `from` (its live blocks, as one
+    /// range), without waiting for the disk; up to what the tail has written and
+    /// the end of the lap; `false` when `from` is there already.
+    fn read_ahead(&mut self, from: u64) -> io::Result<bool> {
+        let total = self.disks.total_blocks();
+        let written = self.tail - self.run.len() as u64 / BLOCK_BYTES;
+        let window_end = (from + READ_AHEAD_BLOCKS)
+            .min(written)
+            .min((from / total + 1) * total);
+        if from >= window_end {
+            return Ok(false);
+        }
+        let live = |p: &u64| self.maps.at(*p).is_some();
+        let (first, last) = match (from..window_end).find(live) {
+            Some(first) => (first, (first..window_end).rfind(live).expect("one is")),
+            None => (window_end, window_end - 1),
         };
-        if !self.gc_read.as_ref().is_some_and(covered) {
-            let last = (position..segment_end)
-                .rev()
-                .find(|&p| self.maps.at(p).is_some())
-                .expect("the block to move is live");
-            let mut data = vec![0; ((last + 1 - position) * BLOCK_BYTES) as usize];
-            let c = &self.counters;
+        let mut data = vec![0; ((last + 1 - first) * BLOCK_BYTES) as usize];
+        let c = &self.counters;
+        let (read, ready) = hdd::issued_ahead(|| {
             self.read_blocks(
-                position,
+                first,
                 &mut data,
                 [&c.gc_reads_tail_disk, &c.gc_reads_body_disk],
-            )?;
-            self.gc_read = Some((position, data));
+            )
+        });
+        read?;
+        self.gc_reads.push_back(HeadRead {
+            from: first,
+            data,
+            window_end,
+            ready,
+        });
+        Ok(true)
+    }
+
+    /// A compaction wrote `block` at `position`: a window read ahead holding the
+    /// position's old bytes takes the new ones.
+    pub(crate) fn patch_read_ahead(&mut self, position: u64, block: &[u8]) {
+        for read in self.gc_reads.iter_mut().filter(|r| r.holds(position)) {
+            let at = ((position - read.from) * BLOCK_BYTES) as usize;
+            read.data[at..at + BLOCK_BYTES as usize].copy_from_slice(block);
         }
-        let (from, data) = self.gc_read.as_ref().expect("just read");
-        let at = ((position - from) * BLOCK_BYTES) as usize;
-        out.copy_from_slice(&data[at..at + BLOCK_BYTES as usize]);
-        Ok(())
     }
 
     /// Live blocks in `[from, to)`: the moves cleaning that range takes.

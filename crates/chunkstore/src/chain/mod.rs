@@ -43,6 +43,7 @@ use flash_cache::FlashCache;
 use floe_protocol::ChunkId;
 use map::{BlockKey, Maps, Slot};
 use pages::Geometry;
+use std::collections::VecDeque;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -58,7 +59,8 @@ pub use placement::Layout;
 const RESERVE_SEGMENTS: u64 = 2;
 /// The smallest chain: the reserve, and room to write and clean beside it.
 const CHAIN_SEGMENTS_MIN: u64 = 4 * RESERVE_SEGMENTS;
-/// Fraction of the log (1/N) below which free space starts the cleaner.
+/// Fraction of the log (1/N) below which free space starts the cleaner, unless a
+/// disk's worth is more (see [`State::low_water`]).
 const LOW_WATER_DIVISOR: u64 = 4;
 /// Freed segments (1/N of the log) that make the map be saved to hand them back.
 const SAVE_FREED_DIVISOR: u64 = 16;
@@ -88,6 +90,9 @@ pub struct ChainOptions {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ChainStats {
     pub capacity_blocks: u64,
+    /// The position the tail writes next: positions count up from 0 and never
+    /// wrap, a position's block is `position % capacity_blocks`.
+    pub tail: u64,
     pub live_blocks: u64,
     /// Blocks the tail may write before it must wait for cleaning.
     pub free_blocks: u64,
@@ -135,9 +140,8 @@ pub(crate) struct State {
     durable_head_segment: u64,
     /// The next position the cleaner looks at, in the head segment.
     gc_cursor: u64,
-    /// The head segment's data the cleaner read: (first position, blocks). Valid
-    /// until the segment is freed: nothing writes a position twice in a lap.
-    gc_read: Option<(u64, Vec<u8>)>,
+    /// The head the cleaner read ahead, oldest first (see [`gc::HeadRead`]).
+    gc_reads: VecDeque<gc::HeadRead>,
     /// The next position written.
     tail: u64,
     /// Blocks appended and not yet written: one write per segment's worth.
@@ -196,7 +200,7 @@ impl Chain {
             head_segment,
             durable_head_segment: head_segment,
             gc_cursor: head_segment * SEGMENT_BLOCKS,
-            gc_read: None,
+            gc_reads: VecDeque::new(),
             tail,
             run: Vec::new(),
             cache: TailCache::new(options.cache_bytes),
@@ -302,6 +306,7 @@ impl Chain {
         let c = &state.counters;
         ChainStats {
             capacity_blocks: state.disks.total_blocks(),
+            tail: state.tail,
             live_blocks: state.maps.live_blocks(),
             free_blocks: state.room(),
             gc_moved_blocks: c.gc_moved_blocks.load(Relaxed),
@@ -321,17 +326,42 @@ impl Chain {
 impl State {
     /// The throttled cleaning after a client write of `written` blocks.
     fn clean_behind(&mut self, written: u64) -> Result<(), StoreError> {
-        let total = self.disks.total_blocks();
-        if self.room() < total / LOW_WATER_DIVISOR {
+        if self.cleaning_due() {
             self.clean(written * gc::MOVES_PER_WRITTEN_BLOCK, u64::MAX)?;
         }
         let freed = self.head_segment - self.durable_head_segment;
-        if freed > 0
-            && (freed >= self.save_batch_segments() || self.room() < total / LOW_WATER_DIVISOR / 2)
+        if freed > 0 && (freed >= self.save_batch_segments() || self.room() < self.low_water() / 2)
         {
             self.save()?;
         }
         Ok(())
+    }
+
+    /// Free blocks below which the cleaner runs: a quarter of the chain, or, with
+    /// several disks, a whole disk and a segment, whichever is more. The disk's worth
+    /// keeps the head (the oldest live data) off the tail's disk (the thesis's
+    /// chain: the tail disk holds only what the tail wrote since it got there, all
+    /// of it in the tail caches when they are a disk big): the cleaner's reads and
+    /// reads of old data go to the body's disks and never seek the tail's arm away
+    /// from its writes. A quarter of three disks left the head on the tail's disk a
+    /// quarter of the time. The segment is the cleaner's slack: it runs once below
+    /// the mark and frees whole segments.
+    fn low_water(&self) -> u64 {
+        let quarter = self.disks.total_blocks() / LOW_WATER_DIVISOR;
+        match self.disks.count() {
+            1 => quarter,
+            _ => quarter.max(self.disks.blocks_per_disk() + SEGMENT_BLOCKS),
+        }
+    }
+
+    /// Whether the cleaner runs (throttled): blocks from the tail to the head, freed
+    /// or not yet handed back by a map save, are below the low-water mark. Counted to
+    /// the head, not the durable head ([`State::room`]): the map saves that hand
+    /// freed segments back come in batches, and cleaning until they do would run the
+    /// head a batch further than the mark.
+    fn cleaning_due(&self) -> bool {
+        let ahead = self.head_segment * SEGMENT_BLOCKS + self.disks.total_blocks() - self.tail;
+        ahead < self.low_water()
     }
 
     /// Segments cleaned between two map saves when space is short.

@@ -122,10 +122,12 @@ impl Hdd {
     /// Reserves a read that goes ahead of queued writes (see [`CHAIN_WRITE_BEHIND`]):
     /// served after the reads before it, it pushes the queued writes back by its own
     /// time and the seek back to where they continue; returns when it completes.
+    /// With only reads queued (a body disk's), it is served after them from where
+    /// the last one left the head, with no seek back: no write waits.
     fn reserve_read_first(&self, position: u64, length: u64) -> Instant {
         let now = Instant::now();
         let mut head = self.head.lock().unwrap();
-        if head.busy_until <= now {
+        if head.busy_until <= now.max(head.reads_until) {
             drop(head);
             let done = self.reserve(position, length, true);
             self.head.lock().unwrap().reads_until = done;
@@ -169,6 +171,21 @@ pub(crate) fn background<T>(work: impl FnOnce() -> T) -> T {
 /// `None` if it made none (or no disk is emulated).
 pub(crate) fn take_paced_until() -> Option<Instant> {
     PACED_UNTIL.take()
+}
+
+/// Runs `io`, an access issued ahead of need (as the kernel's readahead is): the
+/// thread does not wait for it now; returns its result and when the emulated disk
+/// completes it (`None`: no emulated access), to wait for with [`pace_until`] once
+/// the data is needed.
+pub(crate) fn issued_ahead<T>(io: impl FnOnce() -> T) -> (T, Option<Instant>) {
+    let before = PACED_UNTIL.take();
+    let result = io();
+    (result, PACED_UNTIL.replace(before))
+}
+
+/// The thread will wait until `at` (an access [`issued_ahead`] whose data it needs).
+pub(crate) fn pace_until(at: Instant) {
+    HddFile::wait(at);
 }
 
 /// A disk whose chunk files and own journal (in `data_dir`) lie on an emulated hdd,
@@ -451,5 +468,19 @@ mod tests {
         // The writes go on where they were: the next one is sequential to them.
         let next = hdd.reserve(150 << 20, 1 << 20, true);
         assert_eq!(next - busy, service_time(0, 0, 1 << 20, 0));
+    }
+
+    /// Reads queued behind reads (a body disk, no writes): one after another, the
+    /// next from where the last ended, no seek back to a write position.
+    #[test]
+    fn reads_behind_reads_queue_without_a_seek_back() {
+        let hdd = Hdd::default();
+        let first = hdd.reserve_read_first(DEVICE_BYTES / 2, 1 << 20);
+        let second = hdd.reserve_read_first(DEVICE_BYTES / 2 + (1 << 20), 1 << 20);
+        assert_eq!(second - first, service_time(0, 0, 1 << 20, 0), "sequential");
+        let head = hdd.head.lock().unwrap();
+        assert_eq!(head.busy_until, second, "nothing charged beyond the reads");
+        assert_eq!(head.reads_until, second);
+        assert_eq!(head.position, DEVICE_BYTES / 2 + (2 << 20));
     }
 }
