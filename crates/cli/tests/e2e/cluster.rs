@@ -158,10 +158,17 @@ impl Cluster {
 
     fn launch(dir: &Path, port: u16, metadata: Option<String>, args: Vec<String>) -> Cluster {
         let relative = !args.iter().any(|a| a == "--plain");
-        // FLOE_E2E_ENGINE=log runs the suite's clusters on the chained-log engine.
+        // FLOE_E2E_ENGINE=log runs the suite's clusters on the chained-log engine, each
+        // chain 3 x 1 GiB (sparse): a full 1 GiB volume's replicas must still fit on the
+        // four servers left when a test kills two (at the default 256 MiB they did not,
+        // and the chunks never healed).
         let engine = std::env::var("FLOE_E2E_ENGINE")
             .ok()
             .filter(|_| !args.iter().any(|a| a == "--engine"));
+        let disk_size = engine
+            .as_ref()
+            .filter(|_| !args.iter().any(|a| a == "--disk-size"))
+            .map(|_| ["--disk-size", "1G"]);
         let mut command = Command::new(FLOE);
         command.arg("demo");
         match (relative, dir.parent(), dir.file_name()) {
@@ -174,6 +181,7 @@ impl Cluster {
             .args(["--size", "1G"])
             .args(&args)
             .args(engine.iter().flat_map(|e| ["--engine", e]))
+            .args(disk_size.iter().flatten())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(m) = &metadata {
