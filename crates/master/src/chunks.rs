@@ -124,6 +124,24 @@ impl Master {
                     if !placement.replicas.contains(&server) || placement.stale.contains(&server) {
                         return Ok((Vec::new(), None));
                     }
+                    // A change a writer committed is on a good replica besides this
+                    // one; a report that would leave none (on a server not lost) is
+                    // about a view change that failed part-way, and that replica is
+                    // the one the next view change must copy from.
+                    let last_good = !placement.replicas.iter().any(|id| {
+                        *id != server
+                            && !placement.stale.contains(id)
+                            && state.servers.get(id).is_some_and(|s| !s.lost)
+                    });
+                    if writer.is_some() && last_good {
+                        tracing::warn!(
+                            volume_id,
+                            index,
+                            server,
+                            "replica reported lagging, but it is the last good one: kept"
+                        );
+                        return Ok((Vec::new(), None));
+                    }
                     placement.stale.push(server);
                     Ok((vec![chunk_op(volume_id, &placement)], Some(placement)))
                 },

@@ -118,6 +118,9 @@ impl State {
         match self.leases.get_mut(&volume.id) {
             Some(lease) if lease.generation == generation && !lease.revoked => {
                 lease.expires = Some(Instant::now() + LEASE_TERM);
+                // Renewed after it ran out (its holder was cut off): it writes on, and
+                // may again leave a replica behind unreported if it runs out again.
+                lease.audited = false;
                 granted(&volume, generation, self)
             }
             other => Err((

@@ -22,8 +22,8 @@ fn acquire(holder: &str) -> MasterRequest {
     }
 }
 
-/// A master with one server and volume `demo` (one replica).
-async fn master_with_a_volume() -> Arc<Master> {
+/// A master with `replicas` servers and volume `demo` (that many replicas).
+async fn master_with_a_volume(replicas: u32) -> Arc<Master> {
     let master = Arc::new(
         Master::load(
             Box::new(MemoryStore::default()),
@@ -33,19 +33,21 @@ async fn master_with_a_volume() -> Arc<Master> {
         .await
         .unwrap(),
     );
-    let register = MasterRequest::Register(Registration {
-        uuid: "a".into(),
-        address: "127.0.0.1:1".into(),
-        host: "host-a".into(),
-        class: DeviceClass::Ssd,
-        emulated: false,
-        capacity_bytes: 1 << 30,
-    });
-    call(&master, register).await;
+    for n in 0..replicas {
+        let register = MasterRequest::Register(Registration {
+            uuid: format!("server-{n}"),
+            address: format!("127.0.0.1:{}", n + 1),
+            host: format!("host-{n}"),
+            class: DeviceClass::Ssd,
+            emulated: false,
+            capacity_bytes: 1 << 30,
+        });
+        call(&master, register).await;
+    }
     let spec = VolumeSpec {
         name: "demo".into(),
         size_bytes: 1 << 30,
-        replicas: 1,
+        replicas,
         chunk_bytes: 64 << 20,
         stripe_unit_bytes: 64 << 10,
         stripe_count: 1,
@@ -59,7 +61,7 @@ async fn master_with_a_volume() -> Arc<Master> {
 
 #[tokio::test(start_paused = true)]
 async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
-    let master = master_with_a_volume().await;
+    let master = master_with_a_volume(1).await;
     let first = call(&master, acquire("gateway a")).await;
     assert!(
         matches!(first, Response::Master(MasterResponse::Lease { .. })),
@@ -93,7 +95,7 @@ async fn a_lapsed_lease_moves_only_after_the_drift_margin() {
 
 #[tokio::test(start_paused = true)]
 async fn a_deposed_writer_cannot_mark_a_replica_stale() {
-    let master = master_with_a_volume().await;
+    let master = master_with_a_volume(2).await;
     call(&master, acquire("gateway a")).await;
     // The master's first volume; gateway a's lease is generation 1.
     let volume_id = 1;
@@ -117,13 +119,14 @@ async fn a_deposed_writer_cannot_mark_a_replica_stale() {
         ),
         "{granted:?}"
     );
-    let report = |generation| MasterRequest::ReportLaggard {
+    let report = |server, generation| MasterRequest::ReportLaggard {
         volume_id,
         index: 0,
-        server: placement.replicas[0],
+        server,
         generation,
     };
-    let deposed = call(&master, report(1)).await;
+    let (first, second) = (placement.replicas[0], placement.replicas[1]);
+    let deposed = call(&master, report(first, 1)).await;
     assert!(
         matches!(
             deposed,
@@ -134,12 +137,20 @@ async fn a_deposed_writer_cannot_mark_a_replica_stale() {
         ),
         "{deposed:?}"
     );
-    let current = call(&master, report(2)).await;
-    let Response::Master(MasterResponse::Chunk { placement, .. }) = current else {
-        panic!("{current:?}");
+    let stale = |reply: Response| match reply {
+        Response::Master(MasterResponse::Chunk { placement, .. }) => placement.stale,
+        other => panic!("{other:?}"),
     };
     assert_eq!(
-        placement.stale, placement.replicas,
+        stale(call(&master, report(first, 2)).await),
+        [first],
         "the holder's report counts"
+    );
+    // A change the holder committed is on a good replica: a report that would leave
+    // none is about a view change that failed part-way, and is not taken.
+    assert_eq!(
+        stale(call(&master, report(second, 2)).await),
+        [first],
+        "the last good replica stays good"
     );
 }

@@ -156,6 +156,7 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (1051, "a stale reader's map named a replica the master had moved away (it answered version 0 in a later view): the acknowledged floor fell below a write acknowledged by the new replicas"),
     (1191, "a stale reader timed its map from when the layer was built, not from before the map was read: a chunk allocated between read as zeroes past the bound"),
     (602001, "freeing a deleted snapshot's delta chunk dropped it on two replicas while the third's server was dying, and kept its placement: a repair then moved the dropped replicas to a later view, so the drop was refused forever and the chunk counted current at version 0"),
+    (1353700050, "a lease renewed after it ran out (its holder cut off from the master) was not audited when it ran out again: a replica its holder left behind, its report refused, counted current"),
     (701560, "a deposed writer's allocation, retried until the master answered, landed after a snapshot and recorded the chunk as born before it (the writer's old epoch): the new writer, whose map lacked the chunk, preserved nothing, and the snapshot read its later writes"),
 ];
 
@@ -170,6 +171,7 @@ const FOUND_BUGS_WRITE_BACK: &[(u64, &str)] = &[
     (443, "the audit a takeover queued was lost when the master restarted before it could reach the replicas, and the new writer released cleanly: a replica the dead writer had left behind (its report cut off) stayed counted current"),
     (2750, "after a power cut of every host lost a write the replicas had not synced, the deposed writer's FLUSH was answered Done by replicas holding the new writer's higher versions: a flushed write lost"),
     (455369138, "with every replica stale, a view change's prefetches ran at once and the source repaired from itself, refusing to be the others' source meanwhile: the chunk never healed"),
+    (1353716717, "a writer's report of a replica in an orphaned view (a view change that could not reach a quorum) marked the chunk's last good replica stale, once the other good one was lost: the chunk never healed"),
 ];
 
 #[test]
