@@ -3,7 +3,7 @@
 //! One writer task batches queued frames into few socket writes (group send); one
 //! reader task routes replies to their callers. No lock is held across I/O.
 
-use crate::frame::{Frame, FrameError, Status};
+use crate::frame::{Frame, FrameError, Integrity, Status};
 use crate::message::{Request, Response};
 use crate::transport::{CallFuture, Transport};
 use crate::PROTOCOL_VERSION;
@@ -70,6 +70,7 @@ impl Connection {
         let (read_half, write_half) = crate::tls::connect(stream, tls)
             .await
             .map_err(|e| connect_error(format!("TLS handshake failed: {e}")))?;
+        let integrity = Integrity::of(tls.is_some());
         // Buffered so a burst of small replies costs one recv, not two per frame.
         let mut read_half = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
         let (outgoing, outgoing_rx) = mpsc::channel(IN_FLIGHT_MAX);
@@ -85,7 +86,7 @@ impl Connection {
         let reader_dropped = dropped.clone();
         tokio::spawn(async move {
             let reason = loop {
-                match Frame::read(&mut read_half).await {
+                match Frame::read(&mut read_half, integrity).await {
                     Ok(frame) => {
                         let waiter = reader_pending.lock().unwrap().remove(&frame.request_id);
                         if let Some(waiter) = waiter {

@@ -4,7 +4,11 @@
 //! magic u32 | kind u16 | status u16 | request_id u64 | length u32 | crc32c u32
 //! ```
 //! The crc covers the payload, so a corrupted byte anywhere is caught before a
-//! message is decoded, and a corrupted header is caught by the magic and length bounds.
+//! message is decoded, and a corrupted header is caught by the magic and length
+//! bounds. Over TLS every record's AEAD tag already authenticates every byte (a
+//! changed one ends the connection), so a receiver does not check the crc
+//! ([`Integrity::Sealed`]): a pass over every byte of each hop saved. Senders still
+//! fill it in, so the wire format is the same with and without TLS.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -99,6 +103,25 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
 }
 
+/// What guards a connection's frames against corrupted bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Integrity {
+    /// Plain TCP: each frame carries the crc32c of its payload.
+    Crc,
+    /// TLS: the records' AEAD tags; the crc field goes unchecked.
+    Sealed,
+}
+
+impl Integrity {
+    /// What a connection with (`true`) or without TLS uses.
+    pub fn of(tls: bool) -> Integrity {
+        match tls {
+            true => Integrity::Sealed,
+            false => Integrity::Crc,
+        }
+    }
+}
+
 /// One frame. The payload is split in two so a data buffer (write data, read data)
 /// goes to the socket without being copied behind its fields.
 #[derive(Debug, Clone)]
@@ -130,7 +153,10 @@ impl Frame {
     }
 
     /// Reads one frame. The whole payload lands in `fields`; decoders split off data.
-    pub async fn read<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Frame, FrameError> {
+    pub async fn read<R: AsyncRead + Unpin>(
+        reader: &mut R,
+        integrity: Integrity,
+    ) -> Result<Frame, FrameError> {
         let mut head = [0u8; HEADER_BYTES];
         match reader.read_exact(&mut head).await {
             Ok(_) => {}
@@ -154,13 +180,15 @@ impl Frame {
         }
         let mut payload = BytesMut::zeroed(length as usize);
         reader.read_exact(&mut payload).await?;
-        let actual = crc32c::crc32c(&payload);
-        if actual != expected {
-            return Err(FrameError::BadCrc {
-                request_id,
-                expected,
-                actual,
-            });
+        if integrity == Integrity::Crc {
+            let actual = crc32c::crc32c(&payload);
+            if actual != expected {
+                return Err(FrameError::BadCrc {
+                    request_id,
+                    expected,
+                    actual,
+                });
+            }
         }
         Ok(Frame {
             kind,
@@ -193,30 +221,37 @@ mod tests {
             data: Bytes::from_static(b"defg"),
         };
         let bytes = encoded(&frame);
-        let back = Frame::read(&mut &bytes[..]).await.unwrap();
+        let back = Frame::read(&mut &bytes[..], Integrity::Crc).await.unwrap();
         assert_eq!((back.kind, back.request_id), (7, 42));
         assert_eq!(&back.fields[..], b"abcdefg");
 
         let mut flipped = bytes.clone();
         *flipped.last_mut().unwrap() ^= 1;
         assert!(matches!(
-            Frame::read(&mut &flipped[..]).await,
+            Frame::read(&mut &flipped[..], Integrity::Crc).await,
             Err(FrameError::BadCrc { request_id: 42, .. })
         ));
+        // Under TLS the record's tag, not the crc, guards the bytes.
+        let mut zero_crc = bytes.clone();
+        zero_crc[20..24].fill(0);
+        let back = Frame::read(&mut &zero_crc[..], Integrity::Sealed)
+            .await
+            .unwrap();
+        assert_eq!(&back.fields[..], b"abcdefg");
         let mut bad_magic = bytes.clone();
         bad_magic[0] ^= 0xff;
         assert!(matches!(
-            Frame::read(&mut &bad_magic[..]).await,
+            Frame::read(&mut &bad_magic[..], Integrity::Crc).await,
             Err(FrameError::BadMagic(_))
         ));
         let mut huge = bytes.clone();
         huge[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(
-            Frame::read(&mut &huge[..]).await,
+            Frame::read(&mut &huge[..], Integrity::Crc).await,
             Err(FrameError::TooLarge(_))
         ));
         assert!(matches!(
-            Frame::read(&mut &bytes[..10]).await,
+            Frame::read(&mut &bytes[..10], Integrity::Crc).await,
             Err(FrameError::Closed)
         ));
     }

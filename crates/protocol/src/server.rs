@@ -6,7 +6,7 @@
 //! (bad magic, absurd length) closes that connection only.
 
 use crate::connection::{write_loop, IN_FLIGHT_MAX, READ_BUFFER_BYTES};
-use crate::frame::{Frame, FrameError, Status};
+use crate::frame::{Frame, FrameError, Integrity, Status};
 use crate::message::{Request, Response, KIND_HELLO};
 use crate::tls::{self, Halves, Identity, Role};
 use crate::PROTOCOL_VERSION;
@@ -113,6 +113,8 @@ async fn serve_connection<S: Session>(
     peer: &Peer,
     handler: Arc<S>,
 ) -> Result<(), FrameError> {
+    // A peer's identity comes from its TLS certificate: with one, TLS seals the frames.
+    let integrity = Integrity::of(peer.identity.is_some());
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let (replies, replies_rx) = mpsc::channel::<Frame>(IN_FLIGHT_MAX);
     tokio::spawn(write_loop(
@@ -123,7 +125,7 @@ async fn serve_connection<S: Session>(
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
     let mut greeted = false;
     loop {
-        let frame = match Frame::read(&mut reader).await {
+        let frame = match Frame::read(&mut reader, integrity).await {
             Ok(frame) => frame,
             Err(FrameError::Closed) => return Ok(()),
             Err(FrameError::BadCrc { request_id, .. }) => {
