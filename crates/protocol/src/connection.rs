@@ -79,7 +79,12 @@ impl Connection {
         // Why the connection dropped: a TLS server refusing this process's certificate
         // says so only in the alert that ends the first read.
         let dropped: Arc<OnceLock<String>> = Arc::default();
-        tokio::spawn(write_loop(write_half, outgoing_rx, closed.clone()));
+        tokio::spawn(write_loop(
+            write_half,
+            integrity,
+            outgoing_rx,
+            closed.clone(),
+        ));
         let reader_pending = pending.clone();
         let reader_closed = closed.clone();
         let peer = address.to_string();
@@ -184,6 +189,7 @@ impl Connection {
 /// cost one syscall.
 pub(crate) async fn write_loop<W: tokio::io::AsyncWrite + Unpin>(
     writer: W,
+    integrity: Integrity,
     mut frames: mpsc::Receiver<Frame>,
     closed: Arc<AtomicBool>,
 ) {
@@ -195,7 +201,7 @@ pub(crate) async fn write_loop<W: tokio::io::AsyncWrite + Unpin>(
         let mut result = Ok(());
         while let Some(frame) = next.take() {
             head.clear();
-            frame.encode_head(&mut head);
+            frame.encode_head(&mut head, integrity);
             result = writer.write_all(&head).await;
             if result.is_ok() && !frame.data.is_empty() {
                 result = writer.write_all(&frame.data).await;

@@ -3,12 +3,12 @@
 //! ```text
 //! magic u32 | kind u16 | status u16 | request_id u64 | length u32 | crc32c u32
 //! ```
-//! The crc covers the payload, so a corrupted byte anywhere is caught before a
-//! message is decoded, and a corrupted header is caught by the magic and length
-//! bounds. Over TLS every record's AEAD tag already authenticates every byte (a
-//! changed one ends the connection), so a receiver does not check the crc
-//! ([`Integrity::Sealed`]): a pass over every byte of each hop saved. Senders still
-//! fill it in, so the wire format is the same with and without TLS.
+//! On plain TCP the crc covers the payload, so a corrupted byte anywhere is caught
+//! before a message is decoded, and a corrupted header is caught by the magic and
+//! length bounds. Over TLS every record's AEAD tag already authenticates every byte
+//! (a changed one ends the connection), so the crc is not checked, nor computed over
+//! a data buffer ([`Integrity::Sealed`]): two passes over every byte of a write's
+//! data saved at each hop.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -108,7 +108,9 @@ pub enum FrameError {
 pub enum Integrity {
     /// Plain TCP: each frame carries the crc32c of its payload.
     Crc,
-    /// TLS: the records' AEAD tags; the crc field goes unchecked.
+    /// TLS: the records' AEAD tags. The crc field goes unchecked, and is 0 in a frame
+    /// with a data buffer. A frame of fields alone (a `Hello` among them) keeps its
+    /// crc, so a peer of an older version reads the `Hello` and names its version.
     Sealed,
 }
 
@@ -139,9 +141,11 @@ impl Frame {
     }
 
     /// Appends the header and fields to `out`; the caller writes `data` after it.
-    pub fn encode_head(&self, out: &mut BytesMut) {
-        let mut crc = crc32c::crc32c(&self.fields);
-        crc = crc32c::crc32c_append(crc, &self.data);
+    pub fn encode_head(&self, out: &mut BytesMut, integrity: Integrity) {
+        let crc = match integrity {
+            Integrity::Sealed if !self.data.is_empty() => 0,
+            _ => crc32c::crc32c_append(crc32c::crc32c(&self.fields), &self.data),
+        };
         out.reserve(HEADER_BYTES + self.fields.len());
         out.put_u32_le(MAGIC);
         out.put_u16_le(self.kind);
@@ -206,7 +210,7 @@ mod tests {
 
     fn encoded(frame: &Frame) -> Vec<u8> {
         let mut out = BytesMut::new();
-        frame.encode_head(&mut out);
+        frame.encode_head(&mut out, Integrity::Crc);
         out.extend_from_slice(&frame.data);
         out.to_vec()
     }
@@ -231,13 +235,28 @@ mod tests {
             Frame::read(&mut &flipped[..], Integrity::Crc).await,
             Err(FrameError::BadCrc { request_id: 42, .. })
         ));
-        // Under TLS the record's tag, not the crc, guards the bytes.
-        let mut zero_crc = bytes.clone();
-        zero_crc[20..24].fill(0);
-        let back = Frame::read(&mut &zero_crc[..], Integrity::Sealed)
+        // Under TLS the record's tag, not the crc, guards the bytes: none is
+        // computed over data, and none checked.
+        let mut sealed = BytesMut::new();
+        frame.encode_head(&mut sealed, Integrity::Sealed);
+        assert_eq!(sealed[20..24], [0; 4]);
+        sealed.extend_from_slice(&frame.data);
+        let back = Frame::read(&mut &sealed[..], Integrity::Sealed)
             .await
             .unwrap();
         assert_eq!(&back.fields[..], b"abcdefg");
+        let hello = Frame {
+            data: Bytes::new(),
+            ..frame.clone()
+        };
+        let mut fields_only = BytesMut::new();
+        hello.encode_head(&mut fields_only, Integrity::Sealed);
+        assert!(
+            Frame::read(&mut &fields_only[..], Integrity::Crc)
+                .await
+                .is_ok(),
+            "a frame of fields alone keeps its crc for a peer that checks it"
+        );
         let mut bad_magic = bytes.clone();
         bad_magic[0] ^= 0xff;
         assert!(matches!(

@@ -119,6 +119,7 @@ async fn serve_connection<S: Session>(
     let (replies, replies_rx) = mpsc::channel::<Frame>(IN_FLIGHT_MAX);
     tokio::spawn(write_loop(
         writer,
+        integrity,
         replies_rx,
         Arc::new(AtomicBool::new(false)),
     ));
