@@ -67,12 +67,12 @@ impl Connection {
             .map_err(|_| connect_error("timed out".into()))?
             .map_err(|e| connect_error(e.to_string()))?;
         stream.set_nodelay(true).ok();
-        let (read_half, write_half) = crate::tls::connect(stream, tls)
+        let halves = crate::tls::connect(stream, tls)
             .await
             .map_err(|e| connect_error(format!("TLS handshake failed: {e}")))?;
-        let integrity = Integrity::of(tls.is_some());
+        let integrity = halves.integrity;
         // Buffered so a burst of small replies costs one recv, not two per frame.
-        let mut read_half = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
+        let mut read_half = BufReader::with_capacity(READ_BUFFER_BYTES, halves.read);
         let (outgoing, outgoing_rx) = mpsc::channel(IN_FLIGHT_MAX);
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
@@ -80,7 +80,7 @@ impl Connection {
         // says so only in the alert that ends the first read.
         let dropped: Arc<OnceLock<String>> = Arc::default();
         tokio::spawn(write_loop(
-            write_half,
+            halves.write,
             integrity,
             outgoing_rx,
             closed.clone(),

@@ -114,16 +114,6 @@ pub enum Integrity {
     Sealed,
 }
 
-impl Integrity {
-    /// What a connection with (`true`) or without TLS uses.
-    pub fn of(tls: bool) -> Integrity {
-        match tls {
-            true => Integrity::Sealed,
-            false => Integrity::Crc,
-        }
-    }
-}
-
 /// One frame. The payload is split in two so a data buffer (write data, read data)
 /// goes to the socket without being copied behind its fields.
 #[derive(Debug, Clone)]

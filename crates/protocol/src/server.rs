@@ -6,7 +6,7 @@
 //! (bad magic, absurd length) closes that connection only.
 
 use crate::connection::{write_loop, IN_FLIGHT_MAX, READ_BUFFER_BYTES};
-use crate::frame::{Frame, FrameError, Integrity, Status};
+use crate::frame::{Frame, FrameError, Status};
 use crate::message::{Request, Response, KIND_HELLO};
 use crate::tls::{self, Halves, Identity, Role};
 use crate::PROTOCOL_VERSION;
@@ -109,16 +109,15 @@ impl std::fmt::Display for Peer {
 }
 
 async fn serve_connection<S: Session>(
-    (reader, writer): Halves,
+    halves: Halves,
     peer: &Peer,
     handler: Arc<S>,
 ) -> Result<(), FrameError> {
-    // A peer's identity comes from its TLS certificate: with one, TLS seals the frames.
-    let integrity = Integrity::of(peer.identity.is_some());
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+    let integrity = halves.integrity;
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, halves.read);
     let (replies, replies_rx) = mpsc::channel::<Frame>(IN_FLIGHT_MAX);
     tokio::spawn(write_loop(
-        writer,
+        halves.write,
         integrity,
         replies_rx,
         Arc::new(AtomicBool::new(false)),

@@ -8,6 +8,7 @@
 //! dialled: processes reach each other by whatever address the cluster map holds,
 //! and the CA signs only the cluster's own processes.
 
+use crate::frame::Integrity;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::RootCertStore;
@@ -217,15 +218,30 @@ pub fn peer_identity(connection: &rustls::CommonState) -> Result<Identity, Strin
     Identity::of(certificate)
 }
 
-/// The two halves of a connection, plain or TLS.
-pub(crate) type Halves = (
-    Box<dyn AsyncRead + Send + Unpin>,
-    Box<dyn AsyncWrite + Send + Unpin>,
-);
+/// The two halves of a connection, plain or TLS, and what guards its frames: decided
+/// here, with the transport, so both ends of every connection decide alike.
+pub(crate) struct Halves {
+    pub(crate) read: Box<dyn AsyncRead + Send + Unpin>,
+    pub(crate) write: Box<dyn AsyncWrite + Send + Unpin>,
+    pub(crate) integrity: Integrity,
+}
 
-fn halves<S: AsyncRead + AsyncWrite + Send + 'static>(stream: S) -> Halves {
+fn sealed<S: AsyncRead + AsyncWrite + Send + 'static>(stream: S) -> Halves {
     let (read, write) = tokio::io::split(stream);
-    (Box::new(read), Box::new(write))
+    Halves {
+        read: Box::new(read),
+        write: Box::new(write),
+        integrity: Integrity::Sealed,
+    }
+}
+
+fn plain(stream: TcpStream) -> Halves {
+    let (read, write) = stream.into_split();
+    Halves {
+        read: Box::new(read),
+        write: Box::new(write),
+        integrity: Integrity::Crc,
+    }
 }
 
 /// The client's side of a fresh connection: TLS as the holder of `tls`, if given.
@@ -258,21 +274,19 @@ fn buffered(stream: TcpStream) -> BufReader<TcpStream> {
 
 pub(crate) async fn connect(stream: TcpStream, tls: Option<&Tls>) -> std::io::Result<Halves> {
     let Some(tls) = tls else {
-        let (read, write) = stream.into_split();
-        return Ok((Box::new(read), Box::new(write)));
+        return Ok(plain(stream));
     };
     let stream = tokio_rustls::TlsConnector::from(tls.client.clone())
         .connect(Tls::server_name(), buffered(stream))
         .await?;
-    Ok(halves(stream))
+    Ok(sealed(stream))
 }
 
 /// The server's side of an accepted connection, with the client's identity when
 /// this process runs with TLS (a client without a certificate from the CA fails).
 pub(crate) async fn accept(stream: TcpStream) -> Result<(Halves, Option<Identity>), String> {
     let Some(tls) = installed() else {
-        let (read, write) = stream.into_split();
-        return Ok(((Box::new(read), Box::new(write)), None));
+        return Ok((plain(stream), None));
     };
     let accepting = tokio_rustls::TlsAcceptor::from(tls.server.clone()).accept(buffered(stream));
     let stream = tokio::time::timeout(HANDSHAKE_LIMIT, accepting)
@@ -287,7 +301,7 @@ pub(crate) async fn accept(stream: TcpStream) -> Result<(Halves, Option<Identity
             },
         )?;
     let identity = peer_identity(stream.get_ref().1)?;
-    Ok((halves(stream), Some(identity)))
+    Ok((sealed(stream), Some(identity)))
 }
 
 #[cfg(test)]
