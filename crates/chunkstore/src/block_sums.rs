@@ -34,8 +34,9 @@ const POISON: u32 = 0x5a5a_5a5a;
 /// The largest single write to a chunk file. ext4 caches a file in folios as large as
 /// the writes that made them, and each later 4 KiB overwrite walks every buffer of
 /// its folio (`ext4_block_write_begin`, and again at writeback). After a 1 MiB fill
-/// that walk took a quarter of the CPU of 4k random writes; written in 16 KiB pieces,
-/// they ran 1.3x the IOPS, and 1 MiB writes no slower (issue 13's notes).
+/// that walk took a fifth of the CPU of 4k random writes; written in 16 KiB pieces,
+/// they ran 1.23x the IOPS, and 1 MiB writes no slower (docs/ARCHITECTURE.md,
+/// Performance notes).
 const WRITE_PIECE_BYTES: usize = 16 << 10;
 
 /// 0 means "no checksum"; a block whose crc is 0 keeps a checksum of 1, which it never
