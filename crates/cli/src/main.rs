@@ -25,6 +25,11 @@ use floe_protocol::{DeviceClass, PlacementMode, VolumeMode, VolumeSpec, WriteMod
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
+/// Every process allocates a buffer or two per request; glibc's allocator spent about
+/// 5% of their CPU on 4 KiB writes (perf), mimalloc's thread-local pages less.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "floe",
