@@ -118,11 +118,17 @@ impl Files {
             chunk,
             data,
             sums,
-            cache: Arc::new(SumsCache::new(self.sums_budget.clone())),
+            // Plain mode's replay rewrites the checksums of every change since the
+            // last checkpoint; hybrid mode rehashes only its last batch's.
+            cache: Arc::new(SumsCache::new(
+                self.sums_budget.clone(),
+                self.journals.is_none(),
+            )),
         };
         let mut open = self.open.lock().unwrap();
         if open.len() >= OPEN_FILES_MAX {
-            open.clear();
+            // Checksums held in memory stay until the next checkpoint writes them.
+            open.retain(|_, file| file.cache.is_dirty());
         }
         Ok(Some(open.entry(chunk).or_insert(file).clone()))
     }
