@@ -175,6 +175,9 @@ impl Store {
                 disk.remove_file(&wal)?;
                 files = Arc::try_unwrap(shared)
                     .unwrap_or_else(|_| unreachable!("the draining log was dropped"));
+                // Opened as plain mode opens them (checksums kept in memory until a
+                // checkpoint); hybrid mode writes checksums with the data.
+                files.close_all();
             }
             let (journals, logs) = Journals::open(
                 &*disk,

@@ -2,7 +2,7 @@
 //! superseding journaled writes, overflow order.
 
 use bytes::Bytes;
-use floe_chunkstore::{ChunkMeta, JournalDir, Options, Store};
+use floe_chunkstore::{ChunkMeta, JournalDir, Options, SimDisk, Store, Tuning};
 use floe_protocol::ChunkId;
 use std::path::Path;
 use std::time::Duration;
@@ -199,4 +199,49 @@ async fn full_journals_overflow_to_the_next_then_the_hdd_then_bypass() {
             i as u8 + 1
         );
     }
+}
+
+/// A data directory run without journals, then with: the first hybrid open drains the
+/// log into the chunk files, and blocks, versions and checksums come back through
+/// kills of both runs and a power cut.
+#[tokio::test]
+async fn a_plain_stores_log_is_drained_when_journals_are_added() {
+    let disk = SimDisk::new();
+    let open = |journals: &[&Path]| {
+        let tuning = Tuning::default();
+        Store::open_on(
+            disk.mount(),
+            Path::new("/data"),
+            &options(journals, 1 << 30),
+            &tuning,
+        )
+        .expect("the store opens")
+    };
+    let plain = open(&[]);
+    plain
+        .write(CHUNK, 0, Bytes::from(vec![1; 8192]), meta(1))
+        .await
+        .unwrap();
+    disk.crash();
+    drop(plain);
+    let hybrid = open(&[Path::new("/ssd")]);
+    assert_eq!(&hybrid.read(CHUNK, 0, 8192).await.unwrap()[..], &[1; 8192]);
+    // Journaled, then a bypass over the other block.
+    hybrid
+        .write(CHUNK, 0, Bytes::from(vec![2; 4096]), meta(2))
+        .await
+        .unwrap();
+    hybrid
+        .write(CHUNK, 4096, Bytes::from(vec![3; 1 << 20]), meta(3))
+        .await
+        .unwrap();
+    wait_replayed(&hybrid).await;
+    disk.crash();
+    drop(hybrid);
+    disk.power_cut(7);
+    let again = open(&[Path::new("/ssd")]);
+    let read = again.read(CHUNK, 0, 8192).await.unwrap();
+    assert_eq!(&read[..4096], &[2; 4096]);
+    assert_eq!(&read[4096..], &[3; 4096]);
+    assert_eq!(again.meta(CHUNK), meta(3));
 }
