@@ -14,7 +14,9 @@
 //! resurfaces); in hybrid mode it may also hold what a later unacknowledged change
 //! wrote: those go to the chunk file before their record (URSA's bypass), so a crash
 //! between the two leaves new bytes under the old version. Extents must cover every
-//! nonzero byte. What was recovered is then the baseline of the next round.
+//! nonzero byte. In plain mode every block holding data must also still have its
+//! checksum (a byte flipped under it fails the read). What was recovered is then the
+//! baseline of the next round.
 //!
 //! `FLOE_POWER_CUTS=N` runs about N cuts per mode (default 100); `FLOE_POWER_CUT_SEED`
 //! replays a run. Run with `--nocapture` to see the counts.
@@ -529,6 +531,9 @@ async fn reopen_and_check(sim: &SimDisk, model: &mut Model, quota: u64) -> Resul
             .map_err(|e| format!("read: {e}"))?;
         let extents = store.extents(*id).map_err(|e| format!("extents: {e}"))?;
         model.check(chunk, store.meta(*id), &data, &extents)?;
+        if model.mode == Mode::Plain {
+            still_checked(sim, &store, *id, &data).await?;
+        }
     }
     for at in (0..model.mode.filler_bytes()).step_by(PIECE_BYTES as usize) {
         let data = store
@@ -540,6 +545,43 @@ async fn reopen_and_check(sim: &SimDisk, model: &mut Model, quota: u64) -> Resul
         }
     }
     Ok(store)
+}
+
+/// Every block that holds data still has its checksum after recovery (plain mode
+/// writes checksums back at checkpoints; a lost one would read bit rot as data): a
+/// byte flipped in the chunk file under each such block fails the read.
+async fn still_checked(
+    sim: &SimDisk,
+    store: &Store,
+    id: ChunkId,
+    data: &[u8],
+) -> Result<(), String> {
+    const BLOCK: usize = 4096;
+    let path = format!("{DATA}/chunks/{:016x}/{:016x}", id.volume_id, id.index);
+    for (i, block) in data.chunks(BLOCK).enumerate() {
+        if block.iter().all(|&b| b == 0) {
+            continue;
+        }
+        let at = (i * BLOCK) as u64;
+        let file = sim
+            .mount()
+            .open(Path::new(&path), false)
+            .map_err(|e| format!("open {path}: {e}"))?;
+        let flip = |byte: u8| file.write_all_at(&[byte], at).map_err(|e| e.to_string());
+        flip(block[0] ^ 0xff)?;
+        let read = store.read(id, at, BLOCK as u32).await;
+        flip(block[0])?;
+        // Or the next cut could keep the flip and lose its undoing.
+        file.sync_data().map_err(|e| e.to_string())?;
+        if !matches!(read, Err(StoreError::Corrupt { .. })) {
+            return Err(format!(
+                "{path} block at {at}: bit rot read as data after recovery (no checksum)"
+            ));
+        }
+    }
+    // The flips above were found and reported; nothing else is.
+    store.take_corrupt();
+    Ok(())
 }
 
 /// The filler's piece at `at`, made once (the wide chain's check reads 38 MiB).
