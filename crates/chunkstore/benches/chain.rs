@@ -19,10 +19,13 @@
 //!
 //! Environment: `CHAIN_BENCH_SECONDS` (measured seconds per run, default 4),
 //! `CHAIN_BENCH_RUNS` (runs of each case, default 3), `CHAIN_BENCH_DIR` (where the
-//! disks' files go, default the system's temporary directory).
+//! disks' files go, default the system's temporary directory), `CHAIN_BENCH_GC`
+//! (`move-to-tail`, the default, or `compact-in-body`: the cleaner of every case).
 
 use bytes::Bytes;
-use floe_chunkstore::{ChainLayout, ChainOptions, ChainStats, ChunkMeta, Options, RealDisk};
+use floe_chunkstore::{
+    ChainGc, ChainLayout, ChainOptions, ChainStats, ChunkMeta, Options, RealDisk,
+};
 use floe_chunkstore::{Store, Tuning};
 use floe_protocol::ChunkId;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -134,6 +137,15 @@ fn chunk_at(volume_id: u64, at: u64) -> (ChunkId, u64) {
     (chunk, at % CHUNK_SPAN)
 }
 
+/// The cleaner `CHAIN_BENCH_GC` names.
+fn gc() -> ChainGc {
+    match std::env::var("CHAIN_BENCH_GC").as_deref() {
+        Err(_) | Ok("move-to-tail") => ChainGc::MoveToTail,
+        Ok("compact-in-body") => ChainGc::CompactInBody,
+        Ok(other) => panic!("CHAIN_BENCH_GC is move-to-tail or compact-in-body, not {other:?}"),
+    }
+}
+
 fn options(dir: &Path, layout: ChainLayout, setup: &Setup, emulate_hdd: bool) -> Options {
     Options {
         emulate_hdd,
@@ -144,7 +156,7 @@ fn options(dir: &Path, layout: ChainLayout, setup: &Setup, emulate_hdd: bool) ->
             cache_bytes: setup.disk_bytes,
             flash_cache_bytes: 0,
             layout,
-            gc: Default::default(),
+            gc: gc(),
         }),
         ..Options::default()
     }
@@ -343,8 +355,9 @@ fn main() {
         .unwrap_or_else(std::env::temp_dir);
     println!(
         "chained log vs log-structured RAID-0 on 3 EMULATED 7200 rpm hdds (engine level, \
-         one Store): {WRITERS} writers of {} KiB, {seconds} s x {runs} runs per case",
-        WRITE_BYTES >> 10
+         one Store): {WRITERS} writers of {} KiB, {seconds} s x {runs} runs per case, cleaner {:?}",
+        WRITE_BYTES >> 10,
+        gc()
     );
     let layouts = [ChainLayout::Chained, ChainLayout::Striped];
     let mut medians = serde_json::Map::new();
@@ -362,7 +375,7 @@ fn main() {
                 let s = &result.stats;
                 println!(
                     "run {run} {:>9} {:>5}: write {:6.1} MB/s, read {:6.0} IOPS; reads: cache {} tail disk {} \
-                     body disks {}; gc moved {} blocks ({:.1} MB/s), freed {} segments, read {} blocks off the tail disk, {} off the body",
+                     body disks {}; gc moved {} blocks ({:.1} MB/s), compacted {}, freed {} segments, read {} blocks off the tail disk, {} off the body",
                     scenario.name,
                     name(layout),
                     result.write_mb_s,
@@ -372,12 +385,13 @@ fn main() {
                     s.reads_body_disk,
                     s.gc_moved_blocks,
                     result.moved_mb_s,
+                    s.gc_compacted_blocks,
                     s.gc_freed_segments,
                     s.gc_reads_tail_disk,
                     s.gc_reads_body_disk
                 );
                 assert_eq!(
-                    s.gc_moved_blocks > 0 || s.gc_freed_segments > 0,
+                    s.gc_moved_blocks > 0 || s.gc_compacted_blocks > 0 || s.gc_freed_segments > 0,
                     scenario.gc,
                     "{}: the cleaner ran exactly when the case says",
                     scenario.name
@@ -456,6 +470,7 @@ fn main() {
                 "reads_tail_disk": s.reads_tail_disk,
                 "reads_body_disk": s.reads_body_disk,
                 "gc_moved_blocks": s.gc_moved_blocks,
+                "gc_compacted_blocks": s.gc_compacted_blocks,
                 "gc_freed_segments": s.gc_freed_segments,
                 "gc_reads_tail_disk": s.gc_reads_tail_disk,
                 "gc_reads_body_disk": s.gc_reads_body_disk,
@@ -466,7 +481,7 @@ fn main() {
     let document = json!({
         "disks": "3 EMULATED 7200 rpm hdds (chunkstore disk::hdd), one Store (engine level)",
         "writers": WRITERS, "write_bytes": WRITE_BYTES, "readers": READERS, "read_bytes": READ_BYTES,
-        "seconds": seconds, "runs": runs,
+        "seconds": seconds, "runs": runs, "gc": format!("{:?}", gc()),
         "medians": medians,
         "runs_detail": runs_detail,
     });

@@ -49,7 +49,9 @@ pub struct EngineArgs {
     disk_size: Option<u64>,
     /// (--engine log) How the chain is cleaned: move-to-tail (the head's live blocks
     /// copied to the tail, the default) or compact-in-body (into dead positions of
-    /// the other disks, so the tail disk writes only client data).
+    /// the other disks, so the tail disk writes only client data; for disks that do
+    /// not seek: on hdds each moved block costs a seek, and writes crawl while it
+    /// cleans).
     #[arg(long, value_enum)]
     gc: Option<Gc>,
 }
