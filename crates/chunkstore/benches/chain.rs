@@ -137,13 +137,21 @@ fn chunk_at(volume_id: u64, at: u64) -> (ChunkId, u64) {
     (chunk, at % CHUNK_SPAN)
 }
 
-/// The cleaner `CHAIN_BENCH_GC` names.
-fn gc() -> ChainGc {
-    match std::env::var("CHAIN_BENCH_GC").as_deref() {
-        Err(_) | Ok("move-to-tail") => ChainGc::MoveToTail,
-        Ok("compact-in-body") => ChainGc::CompactInBody,
-        Ok(other) => panic!("CHAIN_BENCH_GC is move-to-tail or compact-in-body, not {other:?}"),
-    }
+/// The cleaners `CHAIN_BENCH_GC` names, by the names `--gc` takes.
+const CLEANERS: [(&str, ChainGc); 2] = [
+    ("move-to-tail", ChainGc::MoveToTail),
+    ("compact-in-body", ChainGc::CompactInBody),
+];
+
+/// The cleaner `CHAIN_BENCH_GC` names (default move-to-tail), and its name.
+fn gc() -> (&'static str, ChainGc) {
+    let wanted = std::env::var("CHAIN_BENCH_GC").unwrap_or_else(|_| CLEANERS[0].0.into());
+    CLEANERS
+        .into_iter()
+        .find(|(name, _)| *name == wanted)
+        .unwrap_or_else(|| {
+            panic!("CHAIN_BENCH_GC is move-to-tail or compact-in-body, not {wanted:?}")
+        })
 }
 
 fn options(dir: &Path, layout: ChainLayout, setup: &Setup, emulate_hdd: bool) -> Options {
@@ -156,7 +164,7 @@ fn options(dir: &Path, layout: ChainLayout, setup: &Setup, emulate_hdd: bool) ->
             cache_bytes: setup.disk_bytes,
             flash_cache_bytes: 0,
             layout,
-            gc: gc(),
+            gc: gc().1,
         }),
         ..Options::default()
     }
@@ -355,9 +363,9 @@ fn main() {
         .unwrap_or_else(std::env::temp_dir);
     println!(
         "chained log vs log-structured RAID-0 on 3 EMULATED 7200 rpm hdds (engine level, \
-         one Store): {WRITERS} writers of {} KiB, {seconds} s x {runs} runs per case, cleaner {:?}",
+         one Store): {WRITERS} writers of {} KiB, {seconds} s x {runs} runs per case, cleaner {}",
         WRITE_BYTES >> 10,
-        gc()
+        gc().0
     );
     let layouts = [ChainLayout::Chained, ChainLayout::Striped];
     let mut medians = serde_json::Map::new();
@@ -481,7 +489,7 @@ fn main() {
     let document = json!({
         "disks": "3 EMULATED 7200 rpm hdds (chunkstore disk::hdd), one Store (engine level)",
         "writers": WRITERS, "write_bytes": WRITE_BYTES, "readers": READERS, "read_bytes": READ_BYTES,
-        "seconds": seconds, "runs": runs, "gc": format!("{:?}", gc()),
+        "seconds": seconds, "runs": runs, "gc": gc().0,
         "medians": medians,
         "runs_detail": runs_detail,
     });
