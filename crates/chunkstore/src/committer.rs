@@ -82,6 +82,8 @@ pub(crate) struct Committer {
     pub(crate) unsynced: Vec<Unsynced>,
     /// How long unsynced changes may wait for a sync when nothing else comes.
     pub(crate) sync_interval: Duration,
+    /// Starts the chunk files' writeback early (see [`crate::writeback`]).
+    pub(crate) writeback: crate::writeback::Writeback,
     /// Each log fdatasync's latency, for `/metrics` (a group commit's cost).
     fsync_duration: metrics::Histogram,
 }
@@ -103,6 +105,7 @@ impl Committer {
             failed: None,
             unsynced: Vec::new(),
             sync_interval: Duration::MAX,
+            writeback: crate::writeback::Writeback::default(),
             fsync_duration: metrics::histogram!(FSYNC_DURATION),
         }
     }
@@ -178,6 +181,9 @@ impl Committer {
                 }
                 for (done, result) in completions {
                     let _ = done.send(result);
+                }
+                if !self.hybrid() && self.files.chain.is_none() {
+                    self.kick_writeback();
                 }
                 if !self.hybrid() && self.logs[0].position >= self.logs[0].quota {
                     if let Err(e) = self.checkpoint() {

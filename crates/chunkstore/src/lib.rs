@@ -63,6 +63,7 @@ pub mod store;
 mod sums_cache;
 mod unsynced;
 pub mod wal;
+mod writeback;
 
 pub use chain::{ChainOptions, ChainStats, Gc as ChainGc, Layout as ChainLayout, ReadCost};
 pub use disk::{Disk, DiskFile, RealDisk, SimDisk};

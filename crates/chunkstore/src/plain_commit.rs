@@ -123,6 +123,7 @@ impl Committer {
         )?;
         let next_seq = self.next_seq;
         self.logs[0].reset(next_seq)?;
+        self.writeback.restarted();
         self.synced();
         Ok(())
     }

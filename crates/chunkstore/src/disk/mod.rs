@@ -19,6 +19,7 @@ pub use sim::SimDisk;
 use std::io::{self, ErrorKind};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// An open file, shared by whoever reads or writes it.
 pub type FileRef = Arc<dyn DiskFile>;
@@ -63,6 +64,13 @@ pub trait DiskFile: Send + Sync {
     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
     /// Makes the file's data (and its size) durable: fdatasync.
     fn sync_data(&self) -> io::Result<()>;
+    /// Starts writing the file's dirty pages out without waiting for them, so a later
+    /// [`DiskFile::sync_data`] has less to wait for: a range of `range` bytes at a
+    /// time, `pause` after each, so the device keeps serving other writes meanwhile.
+    /// Promises nothing about durability; a disk without a page cache does nothing.
+    fn start_writeback(&self, _range: u64, _pause: Duration) -> io::Result<()> {
+        Ok(())
+    }
     /// Zeroes `[offset, offset + length)` without changing the size; `punch` frees
     /// the space, otherwise it stays allocated.
     fn zero_range(&self, offset: u64, length: u64, punch: bool) -> io::Result<()>;

@@ -9,6 +9,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RealDisk;
@@ -91,6 +92,26 @@ impl DiskFile for File {
 
     fn sync_data(&self) -> io::Result<()> {
         File::sync_data(self)
+    }
+
+    fn start_writeback(&self, range: u64, pause: Duration) -> io::Result<()> {
+        let size = DiskFile::size(self)?;
+        for offset in (0..size).step_by(range as usize) {
+            // SAFETY: plain syscall on an open descriptor; no memory is passed.
+            let rc = unsafe {
+                libc::sync_file_range(
+                    self.as_raw_fd(),
+                    offset as libc::off64_t,
+                    range as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            std::thread::sleep(pause);
+        }
+        Ok(())
     }
 
     /// Falls back to writing zeroes where fallocate is unsupported.
