@@ -3,11 +3,12 @@
 //! last checkpoint, without waiting, a few MiB at a time. A checkpoint's fsyncs,
 //! which hold up every request of the store, then find most pages written: under
 //! 4 KiB random writes at iodepth 16 on this machine the longest write went from
-//! about 1 s to about 0.2 s (docs/ARCHITECTURE.md, "Checkpoints"). On the committer's
-//! own thread the kicks cost more than they saved (`sync_file_range` submits the I/O
-//! in its caller), and unpaced they doubled the p99 of durable writes (their
-//! fdatasyncs queued behind the burst). Durability is unchanged: only the syncs
-//! promise anything, and the thread touches no state of the store.
+//! about 1 s to about 0.2 s (docs/ARCHITECTURE.md, "Chunk server storage and crash
+//! safety"). On the committer's own thread the kicks cost more than they saved
+//! (`sync_file_range` submits the I/O in its caller), and unpaced they doubled the
+//! p99 of durable writes (their fdatasyncs queued behind the burst). Durability is
+//! unchanged: only the syncs promise anything, and the thread touches no state of
+//! the store.
 
 use crate::committer::Committer;
 use crate::disk::FileRef;
