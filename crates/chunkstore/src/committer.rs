@@ -223,30 +223,37 @@ impl Committer {
     }
 
     /// Appends records, numbering them, to `self.logs[self.active]` as one write and,
-    /// if `sync`, one fdatasync; the caller moves the log's position past
-    /// `self.buffer`.
+    /// if `sync`, one fdatasync; the log's position moves past them once that
+    /// succeeded.
     pub(crate) fn append_records<'a>(
         &mut self,
         records: impl Iterator<Item = (&'a mut RecordHeader, &'a [u8])>,
         sync: bool,
     ) -> io::Result<()> {
+        let records: Vec<_> = records.collect();
         let log = &mut self.logs[self.active];
-        self.buffer.clear();
+        // Sector padding of aligned records aside (the buffer grows for it).
+        let bytes = records
+            .iter()
+            .map(|(_, data)| RECORD_HEADER_BYTES + data.len())
+            .sum();
+        let batch = log.start_batch(&mut self.buffer, bytes);
         let mut seqs = None;
         for (header, data) in records {
             header.seq = self.next_seq;
             self.next_seq += 1;
             assert_in_chunk(header);
-            header.encode(data, &mut self.buffer, log.position, log.aligned);
+            header.encode(data, &mut self.buffer, batch.base, log.aligned);
             let first = seqs.map_or(header.seq, |(first, _)| first);
             seqs = Some((first, header.seq));
         }
-        log.file.write_all_at(&self.buffer, log.position)?;
+        log.write_batch(&mut self.buffer, batch, sync)?;
         if sync {
             let started = std::time::Instant::now();
             log.file.sync_data()?;
             self.fsync_duration.record(started.elapsed());
         }
+        log.batch_written(&self.buffer, batch);
         if let Some((first, last)) = seqs {
             log.appended(first, last);
         }

@@ -217,9 +217,7 @@ impl Committer {
                 tracing::error!("{message}");
                 return Committer::fail_all(batch, io_error(&e, message));
             }
-            let log = &mut self.logs[target];
-            log.position += self.buffer.len() as u64;
-            let used = log.position - wal::HEADER_BYTES;
+            let used = self.logs[target].position - wal::HEADER_BYTES;
             self.journals().set_used(target, used);
         }
         let files = self.files.clone();
@@ -256,9 +254,7 @@ impl Committer {
             tracing::error!("{message}");
             return Committer::fail_all(batch, io_error(&e, message));
         }
-        let log = &mut self.logs[target];
-        log.position += self.buffer.len() as u64;
-        journals.set_used(target, log.position - wal::HEADER_BYTES);
+        journals.set_used(target, self.logs[target].position - wal::HEADER_BYTES);
         match defer {
             // Before the index points at them, so replay never sees them durable.
             true => journals.unsynced_at(target, start),

@@ -9,7 +9,8 @@
 //!   map from chunk ranges to journal positions, and the worker that copies journaled
 //!   data into the chunk files.
 //! - [`wal`]: the log format: every change is a checksummed, sequenced record; the
-//!   log is what makes a write durable and atomic. [`log_file`]: one log file.
+//!   log is what makes a write durable and atomic. [`log_file`]: one log file;
+//!   [`direct_log`]: the plain log's synced appends without the page cache.
 //! - [`meta`]: each replica's view and version as of the last checkpoint.
 //! - [`chunk_files`]: open chunk files and the replicas' durable state.
 //! - [`block_sums`]: a crc32c per 4 KiB block of every chunk file, checked on every
@@ -48,6 +49,7 @@ pub mod block_sums;
 mod chain;
 mod chunk_files;
 mod committer;
+mod direct_log;
 pub mod disk;
 mod error;
 mod hybrid_commit;

@@ -1,10 +1,12 @@
 //! One log file, the data directory's write-ahead log or a journal: its header, where
 //! the next batch goes, and the sequence numbers it holds (see [`crate::wal`]).
 
+use crate::direct_log::{Batch, DirectWrites};
 use crate::disk::{self, Disk, FileRef};
 use crate::error::StoreError;
 use crate::layout::CHUNK_BYTES_MAX;
 use crate::wal::{self, HeaderError, Kind, RecordHeader, RECORD_HEADER_BYTES};
+use std::io;
 use std::path::{Path, PathBuf};
 
 pub(crate) struct LogFile {
@@ -22,6 +24,10 @@ pub(crate) struct LogFile {
     pub(crate) start_seq: Option<u64>,
     /// Sequence numbers of the first and last record since the header was written.
     pub(crate) seqs: Option<(u64, u64)>,
+    /// Appends bypass the page cache (the plain log, see [`crate::direct_log`]).
+    pub(crate) direct: Option<DirectWrites>,
+    /// A batch went through the page cache since [`LogFile::take_buffered`].
+    buffered: bool,
 }
 
 impl LogFile {
@@ -65,7 +71,81 @@ impl LogFile {
             allocated: 0,
             start_seq,
             seqs: None,
+            direct: None,
+            buffered: false,
         })
+    }
+
+    /// From now on appends bypass the page cache, where the file system allows it.
+    pub(crate) fn write_directly(&mut self, disk: &dyn Disk) -> Result<(), StoreError> {
+        match disk.open_direct(&self.path)? {
+            Some(file) => self.direct = Some(DirectWrites::new(file)),
+            None => tracing::warn!(
+                path = %self.path.display(),
+                "the file system refuses direct writes (O_DIRECT): the log is written \
+                 through the page cache"
+            ),
+        }
+        Ok(())
+    }
+
+    /// Clears `buffer` and starts a batch of `bytes` record bytes in it, to be
+    /// appended at `position`.
+    pub(crate) fn start_batch(&self, buffer: &mut Vec<u8>, bytes: usize) -> Batch {
+        match &self.direct {
+            Some(direct) => direct.start(buffer, self.position, bytes),
+            None => {
+                buffer.clear();
+                Batch {
+                    base: self.position,
+                    from: 0,
+                    records: 0,
+                }
+            }
+        }
+    }
+
+    /// Writes the batch encoded in `buffer` after the log's records; directly if the
+    /// log is written so and the batch is to be synced at once. Unsynced batches (the
+    /// fast write modes) go through the page cache: waiting for the device at each
+    /// cost write-back 15-19% of its IOPS, and the next sync flushes them anyway.
+    pub(crate) fn write_batch(
+        &mut self,
+        buffer: &mut Vec<u8>,
+        batch: Batch,
+        sync: bool,
+    ) -> io::Result<()> {
+        if let Some(direct) = self.direct.as_ref().filter(|_| sync) {
+            match direct.write(buffer, batch) {
+                // The file system took the open but not the write (its alignment).
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::warn!(
+                        path = %self.path.display(),
+                        "a direct write to the log was refused ({e}): the log is written \
+                         through the page cache from now on"
+                    );
+                    self.direct = None;
+                }
+                written => return written,
+            }
+        }
+        self.buffered = true;
+        self.file
+            .write_all_at(&buffer[batch.records..], self.position)
+    }
+
+    /// Whether the file may hold dirty pages of batches written since the last call.
+    pub(crate) fn take_buffered(&mut self) -> bool {
+        std::mem::take(&mut self.buffered)
+    }
+
+    /// The batch in `buffer` is written (and synced as its caller needs): the log goes
+    /// on after it.
+    pub(crate) fn batch_written(&mut self, buffer: &[u8], batch: Batch) {
+        self.position += (buffer.len() - batch.records) as u64;
+        if let Some(direct) = &mut self.direct {
+            direct.written(buffer, batch);
+        }
     }
 
     /// Allocates the file's quota and `room` past it (see [`LogFile::allocated`]).
@@ -148,6 +228,9 @@ impl LogFile {
             .write_all_at(&wal::encode_header(next_seq, self.aligned), 0)?;
         self.file.sync_data()?;
         self.position = wal::HEADER_BYTES;
+        if let Some(direct) = &mut self.direct {
+            direct.restarted();
+        }
         self.start_seq = Some(next_seq);
         self.seqs = None;
         Ok(())

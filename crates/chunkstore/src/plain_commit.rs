@@ -39,6 +39,7 @@ impl Committer {
             tracing::info!(records = replayed, "replayed write-ahead log");
         }
         log.checkpoint()?;
+        log.logs[0].write_directly(&*log.files.disk)?;
         Ok(log)
     }
 
@@ -52,7 +53,8 @@ impl Committer {
         // Appends stay in the log's allocated space: a full file system never fails
         // one, so a delete or trim always gets logged.
         let log = &self.logs[0];
-        if log.position + Committer::batch_bytes(batch) > log.allocated
+        // A direct log pads its last sector (see `crate::direct_log`).
+        if log.position + Committer::batch_bytes(batch) + wal::SECTOR_BYTES > log.allocated
             && log.position > wal::HEADER_BYTES
         {
             if let Err(e) = self.checkpoint() {
@@ -74,7 +76,6 @@ impl Committer {
             tracing::error!("{message}");
             return Committer::fail_all(batch, io_error(&e, message));
         }
-        self.logs[0].position += self.buffer.len() as u64;
         if defer {
             return self.keep_unsynced(batch);
         }

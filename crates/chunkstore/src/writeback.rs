@@ -86,7 +86,12 @@ impl Committer {
         if !self.writeback.due(self.logs[0].position) {
             return;
         }
-        let mut files = vec![self.logs[0].file.clone()];
+        // Batches written directly left no dirty pages.
+        let mut files: Vec<_> = self.logs[0]
+            .take_buffered()
+            .then(|| self.logs[0].file.clone())
+            .into_iter()
+            .collect();
         for chunk in &self.dirty_files {
             match self.files.get(*chunk, false) {
                 Ok(Some(file)) => files.push(file.data),

@@ -259,6 +259,15 @@ impl Disk for HddDisk {
         })
     }
 
+    /// A file on an emulated hdd keeps its pacing (a buffered write there); any other
+    /// gets the real direct writes.
+    fn open_direct(&self, path: &Path) -> io::Result<Option<FileRef>> {
+        match self.place(path) {
+            Some(_) => self.open(path, false).map(Some),
+            None => self.inner.open_direct(path),
+        }
+    }
+
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
         self.inner.create_dir_all(path)
     }

@@ -29,6 +29,13 @@ pub trait Disk: Send + Sync {
     /// Opens a regular file for reading and writing; `create` makes an empty one if
     /// it does not exist, else that is `NotFound`. Never truncates.
     fn open(&self, path: &Path, create: bool) -> io::Result<FileRef>;
+    /// Opens an existing file again, for writes that bypass the page cache
+    /// (`O_DIRECT`): whole 512-byte sectors at sector offsets, from page-aligned
+    /// memory. `None` where the file system has no such writes. A disk without a
+    /// page cache opens it as [`Disk::open`] does.
+    fn open_direct(&self, path: &Path) -> io::Result<Option<FileRef>> {
+        self.open(path, false).map(Some)
+    }
     /// Creates a directory and its missing parents (their entries are not durable
     /// until the parents are synced).
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;

@@ -5,7 +5,7 @@ use super::{Disk, DiskFile, FileRef, FsSpace};
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +23,19 @@ impl Disk for RealDisk {
             .truncate(false)
             .open(path)?;
         Ok(Arc::new(file))
+    }
+
+    fn open_direct(&self, path: &Path) -> io::Result<Option<FileRef>> {
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path);
+        match opened {
+            Ok(file) => Ok(Some(Arc::new(file))),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
