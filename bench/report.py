@@ -64,6 +64,10 @@ def number(value):
     return f"{value:,.1f}" if abs(value) < 10 else f"{value:,.0f}"
 
 
+def ms(us):
+    return None if us is None else us / 1e3
+
+
 def figure(job, median):
     return median["mb_s"] if job["unit"] == "MB/s" else median["iops"]
 
@@ -140,6 +144,12 @@ def markdown(data):
     rows = [[job_label(job, meta)] + [f"{number(med(k, job)['p50_us'])} / {number(med(k, job)['p99_us'])}"
                                       for k in keys]
             for job in jobs if job["iodepth"] == 1 and job["unit"] == "IOPS"]
+    out += [table(["job"] + [labels[k] for k in keys], rows), ""]
+
+    out += ["## Longest I/O", "",
+            "The longest completion of any I/O in a run, in milliseconds (median of the runs): a store that "
+            "stops for a checkpoint or a sync shows it here, not in the percentiles.", ""]
+    rows = [[job_label(job, meta)] + [number(ms(med(k, job).get("max_us"))) for k in keys] for job in jobs]
     out += [table(["job"] + [labels[k] for k in keys], rows), ""]
 
     counted = {s["key"]: s["cpu_counted"] for s in systems}
