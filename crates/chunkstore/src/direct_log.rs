@@ -20,7 +20,7 @@ const MEMORY_ALIGN: usize = 4096;
 /// The log's second handle, opened for direct writes, and the written part of the
 /// sector the log's position is in.
 pub(crate) struct DirectWrites {
-    pub(crate) file: FileRef,
+    file: FileRef,
     tail: Vec<u8>,
 }
 
