@@ -13,7 +13,7 @@ use crate::log_file::{assert_in_chunk, LogFile};
 use crate::meta::ChunkMeta;
 use crate::space::Reservation;
 use crate::unsynced::Unsynced;
-use crate::wal::{Kind, RecordHeader, RECORD_HEADER_BYTES};
+use crate::wal::{Kind, RecordHeader, RECORD_HEADER_BYTES, SECTOR_BYTES};
 use bytes::Bytes;
 use floe_protocol::frame::PAYLOAD_BYTES_MAX;
 use floe_protocol::ChunkId;
@@ -232,10 +232,15 @@ impl Committer {
     ) -> io::Result<()> {
         let records: Vec<_> = records.collect();
         let log = &mut self.logs[self.active];
-        // Sector padding of aligned records aside (the buffer grows for it).
+        // With the sector padding before an aligned record's data: a direct batch's
+        // buffer must not grow while it is encoded.
+        let padding = match log.aligned {
+            true => SECTOR_BYTES as usize,
+            false => 0,
+        };
         let bytes = records
             .iter()
-            .map(|(_, data)| RECORD_HEADER_BYTES + data.len())
+            .map(|(_, data)| RECORD_HEADER_BYTES + data.len() + padding)
             .sum();
         let batch = log.start_batch(&mut self.buffer, bytes);
         let mut seqs = None;

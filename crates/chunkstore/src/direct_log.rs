@@ -1,4 +1,4 @@
-//! The plain log's synced appends without the page cache (`O_DIRECT`): a batch goes
+//! Synced log appends (the plain log's and the journals') without the page cache (`O_DIRECT`): a batch goes
 //! to the device as whole sectors from aligned memory, and the `fdatasync` after it
 //! has only the device's cache to flush, no dirty pages to find and write back. On
 //! this machine that halved the CPU of a 4-48 KiB append plus its sync, and cut its
@@ -36,11 +36,14 @@ pub(crate) struct Batch {
 }
 
 impl DirectWrites {
-    pub(crate) fn new(file: FileRef) -> DirectWrites {
-        DirectWrites {
-            file,
-            tail: Vec::new(),
-        }
+    /// `tail`: the bytes of the sector the log's position is in, before it (a
+    /// journal reopened after a data-less record ends mid-sector).
+    pub(crate) fn new(file: FileRef, tail: Vec<u8>) -> DirectWrites {
+        assert!(
+            (tail.len() as u64) < SECTOR_BYTES,
+            "a sector's written part is shorter than the sector"
+        );
+        DirectWrites { file, tail }
     }
 
     /// Clears `buffer` and starts a batch of `bytes` record bytes at file position
@@ -124,7 +127,7 @@ mod tests {
             eprintln!("no O_DIRECT on this file system; skipped");
             return;
         };
-        let mut direct = DirectWrites::new(file);
+        let mut direct = DirectWrites::new(file, Vec::new());
         let mut buffer = Vec::new();
         let mut position = HEADER_BYTES;
         let mut expected = Vec::new();

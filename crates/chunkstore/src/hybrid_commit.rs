@@ -69,6 +69,9 @@ impl Committer {
             }
             let used = log.logs[j].position - wal::HEADER_BYTES;
             log.journals().set_used(j, used);
+            // Synced batches bypass the page cache (see `crate::direct_log`); replay
+            // and reads then take journal data from the device.
+            log.logs[j].write_directly(&*log.files.disk)?;
         }
         log.reclaim()?;
         Ok(log)

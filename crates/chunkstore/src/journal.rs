@@ -141,8 +141,9 @@ impl Journals {
                     path.display()
                 )));
             }
-            // Records past the quota (the hdd's own journal's overflow) carry no data.
-            log.allocate(0)?;
+            // Records past the quota (the hdd's own journal's overflow) carry no data;
+            // a direct write pads its last sector.
+            log.allocate(SECTOR_BYTES)?;
             logs.push(log);
         }
         let journals = Journals {

@@ -24,7 +24,7 @@ pub(crate) struct LogFile {
     pub(crate) start_seq: Option<u64>,
     /// Sequence numbers of the first and last record since the header was written.
     pub(crate) seqs: Option<(u64, u64)>,
-    /// Appends bypass the page cache (the plain log, see [`crate::direct_log`]).
+    /// Synced appends bypass the page cache (see [`crate::direct_log`]).
     pub(crate) direct: Option<DirectWrites>,
     /// A batch went through the page cache since [`LogFile::take_buffered`].
     buffered: bool,
@@ -79,7 +79,12 @@ impl LogFile {
     /// From now on appends bypass the page cache, where the file system allows it.
     pub(crate) fn write_directly(&mut self, disk: &dyn Disk) -> Result<(), StoreError> {
         match disk.open_direct(&self.path)? {
-            Some(file) => self.direct = Some(DirectWrites::new(file)),
+            Some(file) => {
+                let in_sector = self.position % wal::SECTOR_BYTES;
+                let mut tail = vec![0u8; in_sector as usize];
+                disk::read_at(&*self.file, &mut tail, self.position - in_sector)?;
+                self.direct = Some(DirectWrites::new(file, tail));
+            }
             None => tracing::warn!(
                 path = %self.path.display(),
                 "the file system refuses direct writes (O_DIRECT): the log is written \
