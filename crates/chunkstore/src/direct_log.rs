@@ -16,12 +16,19 @@ use std::io;
 
 /// Alignment of the memory a direct write comes from: a page satisfies every device.
 const MEMORY_ALIGN: usize = 4096;
+/// Zeroes written ahead of the log at a time (see [`DirectWrites::zero_ahead`]).
+const ZERO_AHEAD_BYTES: u64 = 1 << 20;
 
 /// The log's second handle, opened for direct writes, and the written part of the
 /// sector the log's position is in.
 pub(crate) struct DirectWrites {
     file: FileRef,
     tail: Vec<u8>,
+    /// The file holds written (not merely allocated) blocks below this.
+    zeroed_to: u64,
+    /// [`ZERO_AHEAD_BYTES`] of zeroes from `zeroes_from` on, aligned memory.
+    zeroes: Vec<u8>,
+    zeroes_from: usize,
 }
 
 /// Where a batch being encoded sits in the committer's buffer.
@@ -36,14 +43,41 @@ pub(crate) struct Batch {
 }
 
 impl DirectWrites {
-    /// `tail`: the bytes of the sector the log's position is in, before it (a
+    /// `tail`: the bytes of the sector the log's `position` is in, before it (a
     /// journal reopened after a data-less record ends mid-sector).
-    pub(crate) fn new(file: FileRef, tail: Vec<u8>) -> DirectWrites {
-        assert!(
-            (tail.len() as u64) < SECTOR_BYTES,
-            "a sector's written part is shorter than the sector"
+    pub(crate) fn new(file: FileRef, tail: Vec<u8>, position: u64) -> DirectWrites {
+        assert_eq!(
+            position % SECTOR_BYTES,
+            tail.len() as u64,
+            "the kept sector tail ends at the log's position"
         );
-        DirectWrites { file, tail }
+        let zeroes = vec![0u8; ZERO_AHEAD_BYTES as usize + MEMORY_ALIGN];
+        let zeroes_from = zeroes.as_ptr().align_offset(MEMORY_ALIGN);
+        DirectWrites {
+            file,
+            tail,
+            zeroed_to: position.next_multiple_of(SECTOR_BYTES),
+            zeroes,
+            zeroes_from,
+        }
+    }
+
+    /// Before a batch that ends at `end`: writes zeroes from where the file's written
+    /// blocks end up to past `end` (at most to `allocated`), a MiB at a time. The log
+    /// is allocated up front, and a direct write into allocated but never-written
+    /// blocks converts their extent and makes its `fdatasync` write metadata: here a
+    /// 4.5 KiB append plus sync took 204 us and 91 us of CPU there, 94 and 36 us on
+    /// written blocks. The zeroes cover only bytes past every record (stale records of
+    /// an earlier pass at most), and are synced with the batch's own sync.
+    pub(crate) fn zero_ahead(&mut self, end: u64, allocated: u64) -> io::Result<()> {
+        let allocated = allocated - allocated % SECTOR_BYTES;
+        while self.zeroed_to < end.min(allocated) {
+            let len = (allocated - self.zeroed_to).min(ZERO_AHEAD_BYTES) as usize;
+            let zeroes = &self.zeroes[self.zeroes_from..self.zeroes_from + len];
+            self.file.write_all_at(zeroes, self.zeroed_to)?;
+            self.zeroed_to += len as u64;
+        }
+        Ok(())
     }
 
     /// Clears `buffer` and starts a batch of `bytes` record bytes at file position
@@ -127,7 +161,7 @@ mod tests {
             eprintln!("no O_DIRECT on this file system; skipped");
             return;
         };
-        let mut direct = DirectWrites::new(file, Vec::new());
+        let mut direct = DirectWrites::new(file, Vec::new(), HEADER_BYTES);
         let mut buffer = Vec::new();
         let mut position = HEADER_BYTES;
         let mut expected = Vec::new();
@@ -138,6 +172,10 @@ mod tests {
             let bytes: Vec<u8> = (0..*size).map(|j| (i * 31 + j) as u8 | 1).collect();
             let batch = direct.start(&mut buffer, position, bytes.len());
             buffer.extend_from_slice(&bytes);
+            // As the log does before each batch: never over what the log holds.
+            direct
+                .zero_ahead(position + bytes.len() as u64 + SECTOR_BYTES, 1 << 20)
+                .unwrap();
             direct.write(&mut buffer, batch).unwrap();
             direct.written(&buffer, batch);
             position += bytes.len() as u64;

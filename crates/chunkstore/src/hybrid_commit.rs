@@ -153,8 +153,8 @@ impl Committer {
             return Committer::fail_all(batch, StoreError::Io(failed.clone()));
         }
         let local = self.logs.len() - 1;
-        let roomy = (0..local).any(|j| self.logs[j].position * 2 <= self.logs[j].quota);
-        let journal_max = match roomy {
+        let (ssd_used, ssd_quota) = self.journals().ssd_usage();
+        let journal_max = match ssd_used * 2 <= ssd_quota {
             true => JOURNAL_LARGE_WRITE_BYTES_MAX,
             false => JOURNAL_WRITE_BYTES_MAX,
         };
@@ -179,11 +179,18 @@ impl Committer {
             None => (self.choose_journal(headers).unwrap_or(local), false),
         };
         if target != self.active {
-            tracing::info!(
-                from = %self.logs[self.active].path.display(),
-                to = %self.logs[target].path.display(),
-                "journal overflow: switching journals"
-            );
+            let (from, to) = (&self.logs[self.active].path, &self.logs[target].path);
+            match target == local {
+                true => tracing::info!(
+                    from = %from.display(),
+                    to = %to.display(),
+                    "journal overflow: the ssd journals are full, switching to the hdd's own"
+                ),
+                // Segments of a journal directory take writes in turn (routine).
+                false => {
+                    tracing::debug!(from = %from.display(), to = %to.display(), "switching journals")
+                }
+            }
             self.active = target;
         }
         for change in batch.iter_mut() {

@@ -41,19 +41,30 @@ use std::sync::Mutex;
 
 /// URSA's T_j: larger writes bypass the journal...
 pub const JOURNAL_WRITE_BYTES_MAX: u64 = 64 << 10;
-/// ...except while some ssd journal is at most half full: then writes up to this size
-/// are journaled too. A volume's large writes are striped, so they reach an hdd as
-/// seeks between chunk files, not the sequential stream T_j assumes (a 1 MiB
+/// ...except while the ssd journals are at most half full: then writes up to this
+/// size are journaled too. A volume's large writes are striped, so they reach an hdd
+/// as seeks between chunk files, not the sequential stream T_j assumes (a 1 MiB
 /// sequential write ran at 0.17 x ssd with every large write bypassing).
 pub const JOURNAL_LARGE_WRITE_BYTES_MAX: u64 = 1 << 20;
-/// The journal file inside each `--journal` directory.
+/// The journal file inside each `--journal` directory (its first segment; the others
+/// add `.1`, `.2`, ...).
 const FILE_IN_DIR: &str = "floe-journal";
+/// Each `--journal` directory's quota is split over this many files, written in turn.
+/// A journal is freed only once nothing in it is left to replay, and one file taking
+/// every write never got there: under a stream of writes its newest records always
+/// waited for replay, so it filled up (sequential 1 MiB writes reached half of a
+/// 1 GiB quota in 6 s, and larger writes then bypassed it to the hdd). Segments the
+/// writes have moved past are freed as soon as replay has copied them.
+const SEGMENTS_PER_DIR: u64 = 4;
+/// ...when each segment gets at least this much (a batch of changes is at most 16 MiB
+/// of data); smaller quotas keep one file.
+const SEGMENT_BYTES_MIN: u64 = 64 << 20;
 /// Index positions are global across journals: journal `j` owns sectors
-/// `[j << SPAN_BITS, (j + 1) << SPAN_BITS)`, 256 GiB each.
-const SPAN_BITS: u32 = 29;
+/// `[j << SPAN_BITS, (j + 1) << SPAN_BITS)`, 64 GiB each.
+const SPAN_BITS: u32 = 27;
 const SPAN_BYTES: u64 = (1 << SPAN_BITS) * SECTOR_BYTES;
 /// Spans that fit below the index's journal limit (2^32 - 1 sectors).
-const JOURNALS_MAX: usize = 7;
+const JOURNALS_MAX: usize = 31;
 pub(crate) const CHUNK_SECTORS: u64 = CHUNK_BYTES_MAX / SECTOR_BYTES;
 
 /// Journal files as the store opens them: directory and quota in bytes.
@@ -90,6 +101,24 @@ pub(crate) struct Journals {
     unsynced_from: Mutex<Option<(usize, u64)>>,
 }
 
+/// The files of a `--journal` directory, with their quotas: [`SEGMENTS_PER_DIR`] of
+/// them when each gets at least [`SEGMENT_BYTES_MIN`], else one.
+fn segments(dir: &JournalDir) -> Vec<(PathBuf, u64)> {
+    let count = match dir.quota_bytes >= SEGMENTS_PER_DIR * SEGMENT_BYTES_MIN {
+        true => SEGMENTS_PER_DIR,
+        false => 1,
+    };
+    (0..count)
+        .map(|s| {
+            let name = match s {
+                0 => FILE_IN_DIR.to_string(),
+                s => format!("{FILE_IN_DIR}.{s}"),
+            };
+            (dir.dir.join(name), dir.quota_bytes / count)
+        })
+        .collect()
+}
+
 fn sectors(offset: u64, length: u64) -> (u64, u64) {
     let first = offset / SECTOR_BYTES;
     (first, (offset + length).div_ceil(SECTOR_BYTES) - first)
@@ -120,15 +149,15 @@ impl Journals {
         dirs: &[JournalDir],
         local_quota_bytes: u64,
     ) -> Result<(Journals, Vec<LogFile>), StoreError> {
-        if dirs.len() + 1 > JOURNALS_MAX {
+        let dirs_max = (JOURNALS_MAX - 1) / SEGMENTS_PER_DIR as usize;
+        if dirs.len() > dirs_max {
             return Err(StoreError::Io(format!(
-                "at most {} journal directories",
-                JOURNALS_MAX - 1
+                "at most {dirs_max} journal directories"
             )));
         }
         let paths = dirs
             .iter()
-            .map(|d| (d.dir.join(FILE_IN_DIR), d.quota_bytes))
+            .flat_map(segments)
             .chain([(data_dir.join(layout::LOCAL_JOURNAL), local_quota_bytes)]);
         let mut logs = Vec::new();
         for (path, quota) in paths {

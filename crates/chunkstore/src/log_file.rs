@@ -83,7 +83,7 @@ impl LogFile {
                 let in_sector = self.position % wal::SECTOR_BYTES;
                 let mut tail = vec![0u8; in_sector as usize];
                 disk::read_at(&*self.file, &mut tail, self.position - in_sector)?;
-                self.direct = Some(DirectWrites::new(file, tail));
+                self.direct = Some(DirectWrites::new(file, tail, self.position));
             }
             None => tracing::warn!(
                 path = %self.path.display(),
@@ -120,8 +120,18 @@ impl LogFile {
         batch: Batch,
         sync: bool,
     ) -> io::Result<()> {
-        if let Some(direct) = self.direct.as_ref().filter(|_| sync) {
-            match direct.write(buffer, batch) {
+        let end = self.position + (buffer.len() - batch.records) as u64 + wal::SECTOR_BYTES;
+        if let Some(direct) = &mut self.direct {
+            // Before buffered batches too: zeroes must never land on records.
+            let written = direct
+                .zero_ahead(end, self.allocated)
+                .and_then(|()| match sync {
+                    true => direct.write(buffer, batch).map(|()| true),
+                    false => Ok(false),
+                });
+            match written {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
                 // The file system took the open but not the write (its alignment).
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     tracing::warn!(
@@ -131,7 +141,7 @@ impl LogFile {
                     );
                     self.direct = None;
                 }
-                written => return written,
+                Err(e) => return Err(e),
             }
         }
         self.buffered = true;

@@ -245,3 +245,62 @@ async fn a_plain_stores_log_is_drained_when_journals_are_added() {
     assert_eq!(&read[4096..], &[3; 4096]);
     assert_eq!(again.meta(CHUNK), meta(3));
 }
+
+/// A journal directory with room for it is four files written in turn: the first,
+/// whose data was all superseded, is freed while the second still waits for replay
+/// (one file taking every write would stay full until replay caught up with all of
+/// it).
+#[tokio::test]
+async fn a_segment_is_freed_while_the_next_still_waits_for_replay() {
+    const MIB: u64 = 1 << 20;
+    let data = tempfile::tempdir().unwrap();
+    let ssd = tempfile::tempdir().unwrap();
+    let tuning = Tuning {
+        manual_replay: true,
+        ..Tuning::default()
+    };
+    let store = Store::open_on(
+        std::sync::Arc::new(floe_chunkstore::RealDisk),
+        data.path(),
+        &options(&[ssd.path()], 256 * MIB),
+        &tuning,
+    )
+    .unwrap();
+    for name in [
+        "floe-journal",
+        "floe-journal.1",
+        "floe-journal.2",
+        "floe-journal.3",
+    ] {
+        assert!(ssd.path().join(name).exists(), "{name} missing");
+    }
+    // 60 MiB fill the first 64 MiB segment; the same range again goes to the second.
+    let mut version = 0;
+    for round in 1..=2u8 {
+        for i in 0..60 {
+            version += 1;
+            let block = Bytes::from(vec![round; MIB as usize]);
+            store
+                .write(CHUNK, i * MIB, block, meta(version))
+                .await
+                .unwrap();
+        }
+    }
+    assert!(store.journal_usage().0 >= 120 * MIB);
+    // One sweep copies a few MiB of the second segment; the committer then frees the
+    // first, where nothing is left.
+    assert!(store.replay_sweep().unwrap() > 0);
+    version += 1;
+    store
+        .write(CHUNK, 0, Bytes::from(vec![3; 4096]), meta(version))
+        .await
+        .unwrap();
+    let (used, quota) = store.journal_usage();
+    assert_eq!(quota, 256 * MIB);
+    assert!(
+        used < 64 * MIB,
+        "the first segment was not freed: {used} bytes in use"
+    );
+    assert_eq!(store.read(CHUNK, 0, 1).await.unwrap()[0], 3);
+    assert_eq!(store.read(CHUNK, 59 * MIB, 1).await.unwrap()[0], 2);
+}
