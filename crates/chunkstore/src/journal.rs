@@ -102,21 +102,27 @@ pub(crate) struct Journals {
 }
 
 /// The files of a `--journal` directory, with their quotas: [`SEGMENTS_PER_DIR`] of
-/// them when each gets at least [`SEGMENT_BYTES_MIN`], else one.
-fn segments(dir: &JournalDir) -> Vec<(PathBuf, u64)> {
+/// them when each gets at least [`SEGMENT_BYTES_MIN`], else one. Segments a larger
+/// quota made earlier are opened too, with no quota: their records are scanned and
+/// replayed (a smaller quota must not lose them), and nothing new goes there.
+fn segments(disk: &dyn Disk, dir: &JournalDir) -> Result<Vec<(PathBuf, u64)>, StoreError> {
     let count = match dir.quota_bytes >= SEGMENTS_PER_DIR * SEGMENT_BYTES_MIN {
         true => SEGMENTS_PER_DIR,
         false => 1,
     };
-    (0..count)
-        .map(|s| {
-            let name = match s {
-                0 => FILE_IN_DIR.to_string(),
-                s => format!("{FILE_IN_DIR}.{s}"),
-            };
-            (dir.dir.join(name), dir.quota_bytes / count)
-        })
-        .collect()
+    let mut files = Vec::new();
+    for s in 0..SEGMENTS_PER_DIR {
+        let path = match s {
+            0 => dir.dir.join(FILE_IN_DIR),
+            s => dir.dir.join(format!("{FILE_IN_DIR}.{s}")),
+        };
+        if s < count {
+            files.push((path, dir.quota_bytes / count));
+        } else if disk.exists(&path)? {
+            files.push((path, 0));
+        }
+    }
+    Ok(files)
 }
 
 fn sectors(offset: u64, length: u64) -> (u64, u64) {
@@ -155,14 +161,16 @@ impl Journals {
                 "at most {dirs_max} journal directories"
             )));
         }
-        let paths = dirs
-            .iter()
-            .flat_map(segments)
-            .chain([(data_dir.join(layout::LOCAL_JOURNAL), local_quota_bytes)]);
+        let mut paths = Vec::new();
+        for dir in dirs {
+            paths.extend(segments(disk, dir)?);
+        }
+        paths.push((data_dir.join(layout::LOCAL_JOURNAL), local_quota_bytes));
         let mut logs = Vec::new();
         for (path, quota) in paths {
             disk.create_dir_all(path.parent().expect("journal path has a parent"))?;
             let mut log = LogFile::open(disk, &path, true, quota.min(SPAN_BYTES))?;
+
             if !log.file.try_lock()? {
                 return Err(StoreError::Io(format!(
                     "journal {} is in use by another chunk server; give each hdd its own \
@@ -286,6 +294,15 @@ impl Journals {
         at: u64,
     ) -> Result<(), StoreError> {
         debug_assert!(offset.is_multiple_of(SECTOR_BYTES) && length.is_multiple_of(SECTOR_BYTES));
+        // Quotas keep new data below the span; a journal written by an older Floe
+        // (256 GiB spans) may hold data past it.
+        if at + length > SPAN_BYTES {
+            return Err(StoreError::Io(format!(
+                "journal {journal} holds data {at} bytes in, past the {SPAN_BYTES} this Floe \
+                 addresses in one journal file; start the chunk server of the Floe version \
+                 that wrote it to drain it"
+            )));
+        }
         let mut index = self.index.lock().unwrap();
         let entry = match index.entry(chunk) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),

@@ -246,35 +246,18 @@ async fn a_plain_stores_log_is_drained_when_journals_are_added() {
     assert_eq!(again.meta(CHUNK), meta(3));
 }
 
-/// A journal directory with room for it is four files written in turn: the first,
-/// whose data was all superseded, is freed while the second still waits for replay
-/// (one file taking every write would stay full until replay caught up with all of
-/// it).
-#[tokio::test]
-async fn a_segment_is_freed_while_the_next_still_waits_for_replay() {
-    const MIB: u64 = 1 << 20;
-    let data = tempfile::tempdir().unwrap();
-    let ssd = tempfile::tempdir().unwrap();
-    let tuning = Tuning {
+const MIB: u64 = 1 << 20;
+
+fn manual_replay() -> Tuning {
+    Tuning {
         manual_replay: true,
         ..Tuning::default()
-    };
-    let store = Store::open_on(
-        std::sync::Arc::new(floe_chunkstore::RealDisk),
-        data.path(),
-        &options(&[ssd.path()], 256 * MIB),
-        &tuning,
-    )
-    .unwrap();
-    for name in [
-        "floe-journal",
-        "floe-journal.1",
-        "floe-journal.2",
-        "floe-journal.3",
-    ] {
-        assert!(ssd.path().join(name).exists(), "{name} missing");
     }
-    // 60 MiB fill the first 64 MiB segment; the same range again goes to the second.
+}
+
+/// 60 MiB fill the first 64 MiB segment of a 256 MiB journal directory; the same
+/// range again goes to the second. Returns the chunk's version.
+async fn fill_two_segments(store: &Store) -> u64 {
     let mut version = 0;
     for round in 1..=2u8 {
         for i in 0..60 {
@@ -287,6 +270,71 @@ async fn a_segment_is_freed_while_the_next_still_waits_for_replay() {
         }
     }
     assert!(store.journal_usage().0 >= 120 * MIB);
+    version
+}
+
+/// A smaller quota (one file) after segments were written: the other segments are
+/// still scanned, so their writes stay.
+#[tokio::test]
+async fn segments_written_under_a_larger_quota_are_read_under_a_smaller_one() {
+    let data = tempfile::tempdir().unwrap();
+    let ssd = tempfile::tempdir().unwrap();
+    let disk = std::sync::Arc::new(floe_chunkstore::RealDisk);
+    let store = Store::open_on(
+        disk.clone(),
+        data.path(),
+        &options(&[ssd.path()], 256 * MIB),
+        &manual_replay(),
+    )
+    .unwrap();
+    let version = fill_two_segments(&store).await;
+    // As a kill -9 leaves them (the files stay locked while this store lives).
+    let (crashed, crashed_ssd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    for name in [
+        "floe-journal",
+        "floe-journal.1",
+        "floe-journal.2",
+        "floe-journal.3",
+    ] {
+        std::fs::copy(ssd.path().join(name), crashed_ssd.path().join(name)).unwrap();
+    }
+    let store = Store::open_on(
+        disk,
+        crashed.path(),
+        &options(&[crashed_ssd.path()], MIB),
+        &manual_replay(),
+    )
+    .unwrap();
+    assert_eq!(store.meta(CHUNK), meta(version));
+    for i in [0, 30, 59] {
+        assert_eq!(store.read(CHUNK, i * MIB, 1).await.unwrap()[0], 2);
+    }
+}
+
+/// A journal directory with room for it is four files written in turn: the first,
+/// whose data was all superseded, is freed while the second still waits for replay
+/// (one file taking every write would stay full until replay caught up with all of
+/// it).
+#[tokio::test]
+async fn a_segment_is_freed_while_the_next_still_waits_for_replay() {
+    let data = tempfile::tempdir().unwrap();
+    let ssd = tempfile::tempdir().unwrap();
+    let store = Store::open_on(
+        std::sync::Arc::new(floe_chunkstore::RealDisk),
+        data.path(),
+        &options(&[ssd.path()], 256 * MIB),
+        &manual_replay(),
+    )
+    .unwrap();
+    for name in [
+        "floe-journal",
+        "floe-journal.1",
+        "floe-journal.2",
+        "floe-journal.3",
+    ] {
+        assert!(ssd.path().join(name).exists(), "{name} missing");
+    }
+    let mut version = fill_two_segments(&store).await;
     // One sweep copies a few MiB of the second segment; the committer then frees the
     // first, where nothing is left.
     assert!(store.replay_sweep().unwrap() > 0);
