@@ -19,6 +19,12 @@ const MEMORY_ALIGN: usize = 4096;
 /// Zeroes written ahead of the log at a time (see [`DirectWrites::zero_ahead`]).
 const ZERO_AHEAD_BYTES: u64 = 1 << 20;
 
+/// Aligned zeroes for direct writes, one copy for every log of the process.
+#[repr(C, align(4096))]
+struct Zeroes([u8; ZERO_AHEAD_BYTES as usize]);
+static ZEROES: Zeroes = Zeroes([0; ZERO_AHEAD_BYTES as usize]);
+const _: () = assert!(std::mem::align_of::<Zeroes>() == MEMORY_ALIGN);
+
 /// The log's second handle, opened for direct writes, and the written part of the
 /// sector the log's position is in.
 pub(crate) struct DirectWrites {
@@ -26,9 +32,6 @@ pub(crate) struct DirectWrites {
     tail: Vec<u8>,
     /// The file holds written (not merely allocated) blocks below this.
     zeroed_to: u64,
-    /// [`ZERO_AHEAD_BYTES`] of zeroes from `zeroes_from` on, aligned memory.
-    zeroes: Vec<u8>,
-    zeroes_from: usize,
 }
 
 /// Where a batch being encoded sits in the committer's buffer.
@@ -51,14 +54,10 @@ impl DirectWrites {
             tail.len() as u64,
             "the kept sector tail ends at the log's position"
         );
-        let zeroes = vec![0u8; ZERO_AHEAD_BYTES as usize + MEMORY_ALIGN];
-        let zeroes_from = zeroes.as_ptr().align_offset(MEMORY_ALIGN);
         DirectWrites {
             file,
             tail,
             zeroed_to: position.next_multiple_of(SECTOR_BYTES),
-            zeroes,
-            zeroes_from,
         }
     }
 
@@ -73,8 +72,7 @@ impl DirectWrites {
         let allocated = allocated - allocated % SECTOR_BYTES;
         while self.zeroed_to < end.min(allocated) {
             let len = (allocated - self.zeroed_to).min(ZERO_AHEAD_BYTES) as usize;
-            let zeroes = &self.zeroes[self.zeroes_from..self.zeroes_from + len];
-            self.file.write_all_at(zeroes, self.zeroed_to)?;
+            self.file.write_all_at(&ZEROES.0[..len], self.zeroed_to)?;
             self.zeroed_to += len as u64;
         }
         Ok(())
