@@ -170,7 +170,6 @@ impl Journals {
         for (path, quota) in paths {
             disk.create_dir_all(path.parent().expect("journal path has a parent"))?;
             let mut log = LogFile::open(disk, &path, true, quota.min(SPAN_BYTES))?;
-
             if !log.file.try_lock()? {
                 return Err(StoreError::Io(format!(
                     "journal {} is in use by another chunk server; give each hdd its own \
