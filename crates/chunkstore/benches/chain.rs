@@ -4,8 +4,8 @@
 //! flash), random 64 KiB writes by 8 writers while
 //! - `alone`: nothing else runs (no cleaning: the chain has room for the whole run),
 //! - `reader`: 8 random 4 KiB readers read 64 MiB written before (on disk 0),
-//! - `gc`: the cleaner runs (a 3 x 256 MiB chain, 320 MiB live, overwritten at
-//!   random),
+//! - `gc`: the cleaner runs (a 3 x 256 MiB chain, 320 MiB live by default,
+//!   overwritten at random),
 //! - `reader+gc`: both,
 //!
 //! each for the chained layout (Gecko) and the striped one (a log-structured RAID-0
@@ -20,7 +20,10 @@
 //! Environment: `CHAIN_BENCH_SECONDS` (measured seconds per run, default 4),
 //! `CHAIN_BENCH_RUNS` (runs of each case, default 3), `CHAIN_BENCH_DIR` (where the
 //! disks' files go, default the system's temporary directory), `CHAIN_BENCH_GC`
-//! (`move-to-tail`, the default, or `compact-in-body`: the cleaner of every case).
+//! (`move-to-tail`, the default, or `compact-in-body`: the cleaner of every case),
+//! `CHAIN_BENCH_LIVE_MIB` (the cleaning cases' live data, default 320: with the
+//! cleaner keeping a disk free, it sets how much of each head segment is live, and
+//! move-to-tail leaves the clients at most the rest of the tail disk).
 
 use bytes::Bytes;
 use floe_chunkstore::{
@@ -93,6 +96,9 @@ struct Setup {
 /// second, above the striped log's best alone (319 MB/s on a quiet machine).
 const NO_GC_DISK_BYTES_PER_SECOND: u64 = 384 * MIB;
 
+/// The cleaning cases' live data by default: 5/12 of the chain.
+const LIVE_MIB: u64 = 320;
+
 impl Setup {
     fn of(scenario: Scenario, seconds: u64) -> Setup {
         match scenario.gc {
@@ -100,13 +106,20 @@ impl Setup {
                 disk_bytes: (seconds * NO_GC_DISK_BYTES_PER_SECOND).max(256 * MIB),
                 live_bytes: 64 * MIB,
             },
-            // 5/12 of the chain live. Disks of 256 MiB, not 64: each time the tail
-            // enters the next disk the last one's write-behind (100 ms) drains
-            // beside the new one's, and with 64 MiB disks that came every 0.4 s.
-            true => Setup {
-                disk_bytes: 256 * MIB,
-                live_bytes: 320 * MIB,
-            },
+            // Disks of 256 MiB, not 64: each time the tail enters the next disk the
+            // last one's write-behind (100 ms) drains beside the new one's, and with
+            // 64 MiB disks that came every 0.4 s.
+            true => {
+                let live_bytes = env_or("CHAIN_BENCH_LIVE_MIB", LIVE_MIB) * MIB;
+                assert!(
+                    (64 * MIB..=384 * MIB).contains(&live_bytes),
+                    "CHAIN_BENCH_LIVE_MIB is 64..=384: the log must keep room for the cleaner's mark"
+                );
+                Setup {
+                    disk_bytes: 256 * MIB,
+                    live_bytes,
+                }
+            }
         }
     }
 }
@@ -363,9 +376,11 @@ fn main() {
         .unwrap_or_else(std::env::temp_dir);
     println!(
         "chained log vs log-structured RAID-0 on 3 EMULATED 7200 rpm hdds (engine level, \
-         one Store): {WRITERS} writers of {} KiB, {seconds} s x {runs} runs per case, cleaner {}",
+         one Store): {WRITERS} writers of {} KiB, {seconds} s x {runs} runs per case, cleaner {} \
+         with {} MiB live",
         WRITE_BYTES >> 10,
-        gc().0
+        gc().0,
+        Setup::of(SCENARIOS[2], seconds).live_bytes / MIB
     );
     let layouts = [ChainLayout::Chained, ChainLayout::Striped];
     let mut medians = serde_json::Map::new();
@@ -383,7 +398,7 @@ fn main() {
                 let s = &result.stats;
                 println!(
                     "run {run} {:>9} {:>5}: write {:6.1} MB/s, read {:6.0} IOPS; reads: cache {} tail disk {} \
-                     body disks {}; gc moved {} blocks ({:.1} MB/s), compacted {}, freed {} segments, read {} blocks off the tail disk, {} off the body",
+                     body disks {}; gc moved {} blocks ({:.1} MB/s), compacted {}, freed {} segments ({:.0}% live), read {} blocks off the tail disk, {} off the body",
                     scenario.name,
                     name(layout),
                     result.write_mb_s,
@@ -395,6 +410,7 @@ fn main() {
                     result.moved_mb_s,
                     s.gc_compacted_blocks,
                     s.gc_freed_segments,
+                    100.0 * s.gc_live_share(),
                     s.gc_reads_tail_disk,
                     s.gc_reads_body_disk
                 );
@@ -431,22 +447,22 @@ fn main() {
             .iter()
             .map(|r| r.stats.reads_tail_disk)
             .sum();
-        let chain_moved = median(
-            by_case[&(scenario.name, "chain")]
-                .iter()
-                .map(|r| r.moved_mb_s)
-                .collect(),
-        );
+        let chain_median = |of: fn(&Run) -> f64| {
+            median(by_case[&(scenario.name, "chain")].iter().map(of).collect())
+        };
+        let chain_moved = chain_median(|r| r.moved_mb_s);
+        let live_share = chain_median(|r| r.stats.gc_live_share());
         println!(
             "{:>9}: chain {chain:6.1} raid0 {raid:6.1}  chain/raid0 {:5.2}x  chain/alone {:4.2}x  \
              raid0/alone {:4.2}x  read IOPS chain {:5.0} raid0 {:5.0}  chain tail-disk reads {tail_reads}  \
-             chain moved {chain_moved:.1} MB/s",
+             chain moved {chain_moved:.1} MB/s ({:.0}% of the cleaned segments live)",
             scenario.name,
             chain / raid,
             chain / chain_alone,
             raid / raid_alone,
             reads("chain"),
             reads("raid0"),
+            100.0 * live_share,
         );
         medians.insert(
             scenario.name.to_string(),
@@ -460,6 +476,7 @@ fn main() {
                 "raid0_read_iops": reads("raid0"),
                 "chain_tail_disk_reads": tail_reads,
                 "chain_moved_mb_s": chain_moved,
+                "chain_gc_live_share": live_share,
             }),
         );
     }
@@ -480,6 +497,7 @@ fn main() {
                 "gc_moved_blocks": s.gc_moved_blocks,
                 "gc_compacted_blocks": s.gc_compacted_blocks,
                 "gc_freed_segments": s.gc_freed_segments,
+                "gc_live_share": s.gc_live_share(),
                 "gc_reads_tail_disk": s.gc_reads_tail_disk,
                 "gc_reads_body_disk": s.gc_reads_body_disk,
                 "series_seconds_write_mb_s_read_iops": r.series,
@@ -490,6 +508,7 @@ fn main() {
         "disks": "3 EMULATED 7200 rpm hdds (chunkstore disk::hdd), one Store (engine level)",
         "writers": WRITERS, "write_bytes": WRITE_BYTES, "readers": READERS, "read_bytes": READ_BYTES,
         "seconds": seconds, "runs": runs, "gc": gc().0,
+        "gc_live_mib": Setup::of(SCENARIOS[2], seconds).live_bytes / MIB,
         "medians": medians,
         "runs_detail": runs_detail,
     });

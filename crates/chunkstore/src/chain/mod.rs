@@ -110,6 +110,20 @@ pub struct ChainStats {
     pub gc_reads_body_disk: u64,
 }
 
+impl ChainStats {
+    /// The share of the cleaned segments' blocks that were live (moved or
+    /// compacted). Move-to-tail writes those again at the tail, so the clients get
+    /// at most the rest of the tail disk (the thesis's Figure 3.3).
+    pub fn gc_live_share(&self) -> f64 {
+        let cleaned = self.gc_freed_segments * disks::SEGMENT_BLOCKS;
+        let live = self.gc_moved_blocks + self.gc_compacted_blocks;
+        match cleaned {
+            0 => 0.0,
+            _ => live as f64 / cleaned as f64,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     gc_moved_blocks: AtomicU64,
