@@ -4,6 +4,7 @@ mod admin;
 mod bank;
 mod cert;
 mod cluster;
+mod copy_tuning;
 mod demo;
 mod engine;
 mod gateway_upgrade;
@@ -920,6 +921,7 @@ fn main() {
             | Command::Gateway { admin: None, .. }
             | Command::Nfs { .. }
     ) {
+        copy_tuning::exec_with_vector_copies();
         init_logging();
     } else if !matches!(cli.command, Command::Demo { .. }) {
         // A command whose output is cut short (`floe status | head`) ends quietly, as

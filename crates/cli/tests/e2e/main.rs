@@ -7,6 +7,7 @@ mod chained_log;
 mod cli_ux;
 mod clients;
 mod cluster;
+mod copy_tuning;
 mod crash;
 mod deploy;
 mod etcd;
