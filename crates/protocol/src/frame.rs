@@ -172,8 +172,15 @@ impl Frame {
         if length > PAYLOAD_BYTES_MAX {
             return Err(FrameError::TooLarge(length));
         }
-        let mut payload = BytesMut::zeroed(length as usize);
-        reader.read_exact(&mut payload).await?;
+        // Read into spare capacity, not a zeroed buffer: zeroing a 1 MiB payload
+        // first took 2% of a chunk server's CPU on 1 MiB writes.
+        let mut payload = BytesMut::with_capacity(length as usize);
+        while payload.len() < length as usize {
+            let rest = length as usize - payload.len();
+            if reader.read_buf(&mut (&mut payload).limit(rest)).await? == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+            }
+        }
         if integrity == Integrity::Crc {
             let actual = crc32c::crc32c(&payload);
             if actual != expected {
@@ -263,5 +270,40 @@ mod tests {
             Frame::read(&mut &bytes[..10], Integrity::Crc).await,
             Err(FrameError::Closed)
         ));
+    }
+
+    /// A payload read a few bytes at a time ends exactly where its frame does, and one
+    /// cut short is an error, not a shorter payload.
+    #[tokio::test]
+    async fn payloads_in_pieces_and_cut_short() {
+        let frames: Vec<Frame> = (0..3u8)
+            .map(|i| Frame {
+                kind: 7,
+                status: 0,
+                request_id: u64::from(i),
+                fields: Bytes::from(vec![i; 5]),
+                data: Bytes::from(vec![i + 10; 70_000]),
+            })
+            .collect();
+        let stream: Vec<u8> = frames.iter().flat_map(encoded).collect();
+        // A pipe of 1,000 bytes hands the reader the stream in pieces of at most that.
+        let (mut writer, mut reader) = tokio::io::duplex(1000);
+        tokio::spawn(async move {
+            tokio::io::AsyncWriteExt::write_all(&mut writer, &stream)
+                .await
+                .unwrap()
+        });
+        for frame in &frames {
+            let back = Frame::read(&mut reader, Integrity::Crc).await.unwrap();
+            assert_eq!(back.request_id, frame.request_id);
+            assert_eq!(back.fields.len(), 70_005);
+            assert_eq!(back.fields[..5], frame.fields[..]);
+            assert_eq!(back.fields[5..], frame.data[..]);
+        }
+        let one = encoded(&frames[0]);
+        match Frame::read(&mut &one[..one.len() - 1], Integrity::Crc).await {
+            Err(FrameError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof),
+            other => panic!("a payload cut short: {other:?}"),
+        }
     }
 }
