@@ -295,7 +295,6 @@ fn a_commit_after_the_lease_moved_is_refused_with_nothing_applied() {
     std::thread::sleep(LEASE_EXPIRY_WAIT);
     // Another process takes the volume (a new lease generation) and reads the bank.
     let counter = check_bank(&cluster, &ledger, "stalled");
-    let acknowledged = ledger_lines(&ledger);
     signal(workload.id(), libc::SIGCONT);
     let out = workload.wait_with_output().unwrap();
     let message = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -305,10 +304,14 @@ fn a_commit_after_the_lease_moved_is_refused_with_nothing_applied() {
     );
     assert!(message.contains("lease"), "{message}");
     eprintln!("transactions: the stalled workload: {}", message.trim_end());
-    assert_eq!(
-        ledger_lines(&ledger),
-        acknowledged,
-        "a commit was acknowledged after the lease moved"
+    // A transfer whose commit reached the replicas before the stop may still be
+    // acknowledged (its ledger line written) after it: the new holder saw it. None
+    // it did not see may be (CI once stopped the bank between a commit and its line:
+    // 11 lines, counter 12, then a 12th line).
+    assert!(
+        ledger_lines(&ledger) as u64 <= counter,
+        "a commit was acknowledged after the lease moved: {} ledger lines, the new holder's counter {counter}",
+        ledger_lines(&ledger)
     );
     assert_eq!(
         check_bank(&cluster, &ledger, "after"),
