@@ -99,6 +99,16 @@ const NO_GC_DISK_BYTES_PER_SECOND: u64 = 384 * MIB;
 /// The cleaning cases' live data by default: 5/12 of the chain.
 const LIVE_MIB: u64 = 320;
 
+/// The cleaning cases' live data: `CHAIN_BENCH_LIVE_MIB`, else [`LIVE_MIB`].
+fn gc_live_bytes() -> u64 {
+    let live_bytes = env_or("CHAIN_BENCH_LIVE_MIB", LIVE_MIB) * MIB;
+    assert!(
+        (64 * MIB..=384 * MIB).contains(&live_bytes),
+        "CHAIN_BENCH_LIVE_MIB is 64..=384: the log must keep room for the cleaner's mark"
+    );
+    live_bytes
+}
+
 impl Setup {
     fn of(scenario: Scenario, seconds: u64) -> Setup {
         match scenario.gc {
@@ -109,17 +119,10 @@ impl Setup {
             // Disks of 256 MiB, not 64: each time the tail enters the next disk the
             // last one's write-behind (100 ms) drains beside the new one's, and with
             // 64 MiB disks that came every 0.4 s.
-            true => {
-                let live_bytes = env_or("CHAIN_BENCH_LIVE_MIB", LIVE_MIB) * MIB;
-                assert!(
-                    (64 * MIB..=384 * MIB).contains(&live_bytes),
-                    "CHAIN_BENCH_LIVE_MIB is 64..=384: the log must keep room for the cleaner's mark"
-                );
-                Setup {
-                    disk_bytes: 256 * MIB,
-                    live_bytes,
-                }
-            }
+            true => Setup {
+                disk_bytes: 256 * MIB,
+                live_bytes: gc_live_bytes(),
+            },
         }
     }
 }
@@ -380,7 +383,7 @@ fn main() {
          with {} MiB live",
         WRITE_BYTES >> 10,
         gc().0,
-        Setup::of(SCENARIOS[2], seconds).live_bytes / MIB
+        gc_live_bytes() / MIB
     );
     let layouts = [ChainLayout::Chained, ChainLayout::Striped];
     let mut medians = serde_json::Map::new();
@@ -508,7 +511,7 @@ fn main() {
         "disks": "3 EMULATED 7200 rpm hdds (chunkstore disk::hdd), one Store (engine level)",
         "writers": WRITERS, "write_bytes": WRITE_BYTES, "readers": READERS, "read_bytes": READ_BYTES,
         "seconds": seconds, "runs": runs, "gc": gc().0,
-        "gc_live_mib": Setup::of(SCENARIOS[2], seconds).live_bytes / MIB,
+        "gc_live_mib": gc_live_bytes() / MIB,
         "medians": medians,
         "runs_detail": runs_detail,
     });

@@ -4,6 +4,7 @@
 
 use crate::cluster::{free_ports, Cluster, FLOE};
 use crate::io_helpers::wait_until;
+use crate::servers::argv_of;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -14,14 +15,6 @@ const RAISED: &str = "glibc.cpu.x86_rep_movsb_threshold=4294967295";
 fn environ(pid: u32) -> String {
     let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     String::from_utf8_lossy(&raw).replace('\0', "\n")
-}
-
-fn argv(pid: u32) -> Vec<String> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).expect("a running server");
-    raw.split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect()
 }
 
 #[test]
@@ -37,7 +30,7 @@ fn servers_start_again_with_vector_copies() {
             "server {pid}: {environ}"
         );
         assert_eq!(environ.matches("x86_rep_movsb").count(), 1, "{environ}");
-        let argv = argv(pid);
+        let argv = argv_of(pid);
         assert_eq!(argv[0], FLOE, "server {pid}: {argv:?}");
     }
 
@@ -63,7 +56,8 @@ fn servers_start_again_with_vector_copies() {
         "{environ}"
     );
     assert_eq!(environ.matches("x86_rep_movsb").count(), 1, "{environ}");
-    assert_eq!(argv(pid)[1..], args, "{:?}", argv(pid));
+    let argv = argv_of(pid);
+    assert_eq!(argv[1..], args, "{argv:?}");
     assert!(master.try_wait().unwrap().is_none(), "the master exited");
     master.kill().unwrap();
     master.wait().unwrap();

@@ -14,6 +14,16 @@ use std::time::{Duration, Instant};
 pub const RESTART_LIMIT: Duration = Duration::from_secs(120);
 pub const CHUNK_SERVERS: usize = 6;
 
+/// A running process's arguments, argv[0] first.
+pub fn argv_of(pid: u32) -> Vec<OsString> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_else(|e| panic!("process {pid}: {e}"));
+    raw.split(|&b| b == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(|arg| OsString::from_vec(arg.to_vec()))
+        .collect()
+}
+
 /// The chunk servers (or masters) now running: the demo's, or ones this test started
 /// again after killing them (stopped by PID when dropped).
 #[derive(Debug)]
@@ -61,17 +71,7 @@ impl Servers {
     }
 
     fn from_pids(pids: Vec<u32>, logs: Vec<PathBuf>, addresses: Vec<String>) -> Servers {
-        let argv = pids
-            .iter()
-            .map(|pid| {
-                let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .unwrap_or_else(|e| panic!("chunk server {pid}: {e}"));
-                raw.split(|&b| b == 0)
-                    .filter(|arg| !arg.is_empty())
-                    .map(|arg| OsString::from_vec(arg.to_vec()))
-                    .collect()
-            })
-            .collect();
+        let argv = pids.iter().map(|&pid| argv_of(pid)).collect();
         assert_eq!(pids.len(), addresses.len(), "{addresses:?}");
         Servers {
             restarted: pids.iter().map(|_| None).collect(),
