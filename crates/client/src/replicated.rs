@@ -786,6 +786,35 @@ impl ReplicatedChunks {
         }
     }
 
+    /// The version a good replica holds durable and the ranges its changes after
+    /// `since` touched, from its journal lite; `None` when no replica's reaches
+    /// back to `since`.
+    pub async fn changed_since(
+        &self,
+        index: u64,
+        since: u64,
+    ) -> Result<Option<(u64, Vec<(u64, u64)>)>, IoError> {
+        let Some(Replicas { good, .. }) = self.replicas(index) else {
+            return Ok(None);
+        };
+        let request = Request::Replica(ReplicaRequest::LogSince {
+            chunk: self.chunk_id(index),
+            since,
+        });
+        for (_, address) in &good {
+            if let Ok(Response::Replica(ReplicaResponse::Ranges {
+                version, ranges, ..
+            })) = self
+                .pool
+                .call_within(address, request.clone(), REPLICA_TIMEOUT)
+                .await
+            {
+                return Ok(Some((version, ranges)));
+            }
+        }
+        Ok(None)
+    }
+
     /// The ranges of the chunk that hold data, from a good replica holding every
     /// committed change; none if the chunk is not allocated.
     pub async fn extents(&self, index: u64) -> Result<Vec<(u64, u64)>, IoError> {

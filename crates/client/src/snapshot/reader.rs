@@ -6,7 +6,8 @@
 //! of epoch `s` or later has touched there. The writer preserves a block durably
 //! before it overwrites it, so the reader learns the live chunk's version `v` first,
 //! then the deltas' blocks, and reads the live chunk only from a replica that has
-//! taken nothing past `v`; when one has, it learns again.
+//! taken nothing past `v`, or nothing past `v` in the range read (its journal lite
+//! says which ranges changed); otherwise it learns again.
 //!
 //! A snapshot of a clone reads through to the clone's parent snapshot where the clone
 //! had not written when it was taken: a chunk born at or after the snapshot, and
@@ -28,6 +29,8 @@ use tokio::time::Instant;
 
 /// How long a read keeps learning again while the live chunk keeps moving on.
 const READ_DEADLINE: Duration = Duration::from_secs(60);
+/// Reads of a live range as of newer versions before the reader learns again.
+const LIVE_READ_TRIES: usize = 8;
 
 /// What the reader knows of one chunk: the live version and, as of it, the blocks
 /// each delta at or past the snapshot's epoch holds, lowest epoch first.
@@ -130,31 +133,70 @@ impl SnapshotChunks {
         offset: u64,
         length: u32,
     ) -> Result<Option<Bytes>, IoError> {
-        let mut out = BytesMut::with_capacity(length as usize);
-        for (source, at, len) in SnapshotChunks::plan(known, offset, length as u64) {
-            let data = match source {
-                // Delta blocks are written once and never change.
-                Source::Delta(epoch) => {
-                    let delta = delta_index(epoch, index);
-                    self.chunks.read(delta, at, len as u32).await?
-                }
-                Source::Parent => {
-                    let parent = self.parent.as_ref().expect("a clone's");
-                    parent.read(index, at, len as u32).await?
-                }
-                Source::Live => {
-                    let read = self
-                        .chunks
-                        .read_within(index, at, len as u32, known.version);
-                    match read.await? {
+        // The runs are read at once: a snapshot the writes have preserved much of
+        // alternates between delta and live blocks, a request each.
+        let runs = SnapshotChunks::plan(known, offset, length as u64);
+        let pieces =
+            futures::future::try_join_all(runs.into_iter().map(|(source, at, len)| async move {
+                let data = match source {
+                    // Delta blocks are written once and never change.
+                    Source::Delta(epoch) => {
+                        let delta = delta_index(epoch, index);
+                        self.chunks.read(delta, at, len as u32).await?
+                    }
+                    Source::Parent => {
+                        let parent = self.parent.as_ref().expect("a clone's");
+                        parent.read(index, at, len as u32).await?
+                    }
+                    Source::Live => match self.read_live(known.version, index, at, len).await? {
                         Some(data) => data,
                         None => return Ok(None),
-                    }
-                }
-            };
-            out.extend_from_slice(&data);
+                    },
+                };
+                Ok::<_, IoError>(Some(data))
+            }))
+            .await?;
+        let mut out = BytesMut::with_capacity(length as usize);
+        for piece in pieces {
+            match piece {
+                Some(data) => out.extend_from_slice(&data),
+                None => return Ok(None),
+            }
         }
         Ok(Some(out.freeze()))
+    }
+
+    /// Reads `at..at + len` of the live chunk as of `version`; `None` once a change
+    /// past it touched the range. Under steady writes a replica has nearly always
+    /// taken some change past `version`, but seldom one in the range: the read then
+    /// asks which ranges changed since and reads again as of the newer version
+    /// (the range is as it was), instead of learning the whole chunk again.
+    async fn read_live(
+        &self,
+        version: u64,
+        index: u64,
+        at: u64,
+        len: u64,
+    ) -> Result<Option<Bytes>, IoError> {
+        let mut as_of = version;
+        for _ in 0..LIVE_READ_TRIES {
+            if let Some(data) = self
+                .chunks
+                .read_within(index, at, len as u32, as_of)
+                .await?
+            {
+                return Ok(Some(data));
+            }
+            let Some((durable, ranges)) = self.chunks.changed_since(index, version).await? else {
+                return Ok(None);
+            };
+            if ranges.iter().any(|&(o, l)| o < at + len && at < o + l) {
+                return Ok(None);
+            }
+            // Any replica's answer will do: the range is as it was up to its version.
+            as_of = durable;
+        }
+        Ok(None)
     }
 }
 
