@@ -95,17 +95,19 @@ pub(crate) struct ChunkServer {
     generations: Mutex<BTreeMap<u64, u32>>,
 }
 
-/// A change to a chunk, as the store takes it.
+/// A change to a chunk, as the store takes it; `epoch` is the writer's snapshot epoch.
 #[derive(Clone)]
 enum Change {
     /// `unsynced`: acknowledged once logged (see [`Request::Write`]).
     Write {
         data: Bytes,
         unsynced: bool,
+        epoch: u32,
     },
     Zero {
         length: u64,
         punch: bool,
+        epoch: u32,
     },
 }
 
@@ -117,22 +119,38 @@ impl Change {
         }
     }
 
+    fn epoch(&self) -> u32 {
+        match self {
+            Change::Write { epoch, .. } | Change::Zero { epoch, .. } => *epoch,
+        }
+    }
+
     fn request(&self, chunk: ChunkId, stamp: Stamp, offset: u64, forward: Vec<String>) -> Request {
         match self {
-            Change::Write { data, unsynced } => Request::Write {
+            Change::Write {
+                data,
+                unsynced,
+                epoch,
+            } => Request::Write {
                 chunk,
                 stamp,
                 offset,
+                epoch: *epoch,
                 catch_up: false,
                 unsynced: *unsynced,
                 forward,
                 data: data.clone(),
             },
-            Change::Zero { length, punch } => Request::Zero {
+            Change::Zero {
+                length,
+                punch,
+                epoch,
+            } => Request::Zero {
                 chunk,
                 stamp,
                 offset,
                 length: *length,
+                epoch: *epoch,
                 punch: *punch,
                 forward,
             },
@@ -465,13 +483,17 @@ impl ChunkServer {
                 // refused.
                 match replica.admit(&stamp, self.fence(chunk.volume_id)) {
                     Admit::Apply => {
+                        if let Some(why) = replica.epoch_went_back(change.epoch()) {
+                            tracing::error!(?chunk, "{why}");
+                            return Response::error(Status::BadRequest, why);
+                        }
                         // Refused for space before the version is taken: the replica
                         // stays as it was, and the writer knows it lacks the change.
                         let reserved = match &change {
                             Change::Write { data, .. } => {
                                 self.store.reserve_write(offset, data.len() as u64, room)
                             }
-                            Change::Zero { length, punch } => {
+                            Change::Zero { length, punch, .. } => {
                                 self.store.reserve_zero(offset, *length, *punch)
                             }
                         };
@@ -479,7 +501,7 @@ impl ChunkServer {
                             Ok(reservation) => reservation,
                             Err(e) => return store_error(e),
                         };
-                        replica.submit(&stamp, offset, change.length());
+                        replica.submit(&stamp, offset, change.length(), change.epoch());
                         let meta = ChunkMeta {
                             view: replica.view,
                             version: stamp.version,
@@ -510,7 +532,7 @@ impl ChunkServer {
             // What a writer sends in place of a change every replica refused for
             // space: the version, nothing else, keeps the chunk's versions in sequence.
             Change::Write { data, .. } if data.is_empty() => self.store.set_meta(chunk, meta).await,
-            Change::Write { data, unsynced } => {
+            Change::Write { data, unsynced, .. } => {
                 let durability = match unsynced {
                     true => Durability::Unsynced,
                     false => Durability::Synced,
@@ -519,7 +541,7 @@ impl ChunkServer {
                     .write_reserved(reservation, chunk, offset, data, meta, durability)
                     .await
             }
-            Change::Zero { length, punch } => {
+            Change::Zero { length, punch, .. } => {
                 self.store
                     .zero_reserved(reservation, chunk, offset, length, punch, meta)
                     .await
@@ -905,12 +927,17 @@ impl Handler for ChunkServer {
                 chunk,
                 stamp,
                 offset,
+                epoch,
                 catch_up: true,
                 unsynced,
                 data,
                 ..
             } => {
-                let change = Change::Write { data, unsynced };
+                let change = Change::Write {
+                    data,
+                    unsynced,
+                    epoch,
+                };
                 self.apply_local(chunk, stamp, offset, change, Room::CatchUp)
                     .await
             }
@@ -918,12 +945,17 @@ impl Handler for ChunkServer {
                 chunk,
                 stamp,
                 offset,
+                epoch,
                 unsynced,
                 forward,
                 data,
                 ..
             } => {
-                let change = Change::Write { data, unsynced };
+                let change = Change::Write {
+                    data,
+                    unsynced,
+                    epoch,
+                };
                 self.replicate(chunk, stamp, offset, change, forward).await
             }
             Request::Zero {
@@ -931,17 +963,16 @@ impl Handler for ChunkServer {
                 stamp,
                 offset,
                 length,
+                epoch,
                 punch,
                 forward,
             } => {
-                self.replicate(
-                    chunk,
-                    stamp,
-                    offset,
-                    Change::Zero { length, punch },
-                    forward,
-                )
-                .await
+                let change = Change::Zero {
+                    length,
+                    punch,
+                    epoch,
+                };
+                self.replicate(chunk, stamp, offset, change, forward).await
             }
             Request::Read {
                 chunk,
@@ -1001,11 +1032,19 @@ mod tests {
                 version,
             },
             offset,
+            epoch: 0,
             catch_up: false,
             unsynced: false,
             forward: Vec::new(),
             data: Bytes::from(vec![0xab; 4096]),
         }
+    }
+
+    fn at_epoch(mut request: Request, at: u32) -> Request {
+        if let Request::Write { epoch, .. } = &mut request {
+            *epoch = at;
+        }
+        request
     }
 
     fn status(response: &Response) -> Option<Status> {
@@ -1043,6 +1082,30 @@ mod tests {
             matches!(response, Response::Done),
             "the volume's writer was fenced by refused requests: {response:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_change_at_an_older_snapshot_epoch_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        let v1 = next_version(0, 1);
+        let v2 = next_version(v1, 1);
+        let response = server
+            .clone()
+            .handle(at_epoch(write(CHUNK, 0, 0, v1, 0), 3))
+            .await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        let back = server
+            .clone()
+            .handle(at_epoch(write(CHUNK, 0, v1, v2, 0), 2))
+            .await;
+        assert_eq!(status(&back), Some(Status::BadRequest), "{back:?}");
+        // The refusal took no version: the same change at the writer's epoch applies.
+        let response = server
+            .clone()
+            .handle(at_epoch(write(CHUNK, 0, v1, v2, 0), 3))
+            .await;
+        assert!(matches!(response, Response::Done), "{response:?}");
     }
 
     #[tokio::test]

@@ -25,6 +25,8 @@ pub struct LogEntry {
     pub version: u64,
     pub offset: u64,
     pub length: u64,
+    /// The writer's snapshot epoch.
+    pub epoch: u32,
 }
 
 #[derive(Debug, Default)]
@@ -114,8 +116,19 @@ impl Replica {
         }
     }
 
+    /// Why an admitted change stamped with snapshot `epoch` may not follow the
+    /// remembered ones: a volume's epochs only go up (a new writer gets the master's
+    /// current one), so an older epoch after a newer one is a writer's bug, which
+    /// would give snapshots blocks written after them.
+    pub fn epoch_went_back(&self, epoch: u32) -> Option<String> {
+        let last = self.log.back()?.epoch;
+        (epoch < last).then(|| {
+            format!("snapshot epoch {epoch} follows a change at epoch {last}: epochs never go back")
+        })
+    }
+
     /// Records an admitted change as handed to the store.
-    pub fn submit(&mut self, stamp: &Stamp, offset: u64, length: u64) {
+    pub fn submit(&mut self, stamp: &Stamp, offset: u64, length: u64, epoch: u32) {
         self.submitted = stamp.version;
         if self.log.len() == LOG_ENTRIES_MAX {
             self.log.pop_front();
@@ -125,6 +138,7 @@ impl Replica {
             version: stamp.version,
             offset,
             length,
+            epoch,
         });
     }
 
@@ -233,7 +247,7 @@ mod tests {
             let version = next_version(prev, 1);
             let s = stamp(1, prev, version);
             assert_eq!(r.admit(&s, 1), Admit::Apply, "change {i}");
-            r.submit(&s, offset, 4096);
+            r.submit(&s, offset, 4096, 0);
             prev = version;
         }
         r.durable = prev;
@@ -272,7 +286,7 @@ mod tests {
                 while let Some(s) = pending.pop() {
                     match replica.admit(&s, 3) {
                         Admit::Apply => {
-                            replica.submit(&s, 0, 1);
+                            replica.submit(&s, 0, 1, 0);
                             replica.durable = s.version;
                             model.applied.push(s.version);
                             // A wake-up re-admits what waited for this version.

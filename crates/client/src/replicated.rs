@@ -241,11 +241,12 @@ fn refused_for_space(outcome: &Outcome) -> bool {
 /// What a writer sends in place of a change every replica refused for space: a
 /// write of nothing, at the change's version, so the changes stamped after it still
 /// follow on every replica.
-fn no_op(chunk: ChunkId, stamp: Stamp) -> Request {
+fn no_op(chunk: ChunkId, stamp: Stamp, epoch: u32) -> Request {
     Request::Write {
         chunk,
         stamp,
         offset: 0,
+        epoch,
         catch_up: false,
         unsynced: false,
         forward: Vec::new(),
@@ -1059,7 +1060,7 @@ impl ReplicatedChunks {
             }
             if outcomes.is_empty() {
                 let request = match refused {
-                    Some(_) => no_op(chunk_id, stamp),
+                    Some(_) => no_op(chunk_id, stamp, self.epoch.load(Ordering::Relaxed)),
                     None => make(stamp, Vec::new()),
                 };
                 let replies = futures::future::join_all(good.iter().map(|(_, address)| {
@@ -1196,11 +1197,14 @@ impl ChunkIo for ReplicatedChunks {
         }
         let chunk = self.chunk_id(index);
         let unsynced = !fua && self.unflushed.enabled();
+        // Read under the snapshot layer's epoch lock, which the write holds.
+        let epoch = self.epoch.load(Ordering::Relaxed);
         let committed = self
             .change(index, data.len(), |stamp, forward| Request::Write {
                 chunk,
                 stamp,
                 offset,
+                epoch,
                 catch_up: false,
                 unsynced,
                 forward,
@@ -1220,11 +1224,13 @@ impl ChunkIo for ReplicatedChunks {
             return self.lease.as_ref().ok_or(IoError::ReadOnly)?.check();
         }
         let chunk = self.chunk_id(index);
+        let epoch = self.epoch.load(Ordering::Relaxed);
         self.change(index, 0, |stamp, forward| Request::Zero {
             chunk,
             stamp,
             offset,
             length,
+            epoch,
             punch,
             forward,
         })

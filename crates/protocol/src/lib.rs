@@ -52,4 +52,4 @@ pub use transport::{ConnectionPool, Transport};
 pub use types::*;
 
 /// Bumped on any incompatible change of frames or messages.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;

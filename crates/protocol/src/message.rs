@@ -38,6 +38,9 @@ pub enum Request {
         chunk: ChunkId,
         stamp: Stamp,
         offset: u64,
+        /// The writer's snapshot epoch (`crate::snapshot`); 0 from a writer that is not
+        /// a volume's (repair, heal). Along a chunk's history epochs never go back.
+        epoch: u32,
         /// Sent again to a replica that refused it for space while others took it:
         /// it may use the room kept for catching up, so the replicas stay equal.
         catch_up: bool,
@@ -64,6 +67,8 @@ pub enum Request {
         stamp: Stamp,
         offset: u64,
         length: u64,
+        /// As a write's.
+        epoch: u32,
         punch: bool,
         forward: Vec<String>,
     },
@@ -619,6 +624,7 @@ impl Request {
                 chunk,
                 stamp,
                 offset,
+                epoch,
                 catch_up,
                 unsynced,
                 forward,
@@ -627,6 +633,7 @@ impl Request {
                 put_chunk(&mut f, *chunk);
                 put_stamp(&mut f, stamp);
                 f.put_u64_le(*offset);
+                f.put_u32_le(*epoch);
                 f.put_u8(
                     (u8::from(*catch_up) * WRITE_CATCH_UP) | (u8::from(*unsynced) * WRITE_UNSYNCED),
                 );
@@ -653,6 +660,7 @@ impl Request {
                 stamp,
                 offset,
                 length,
+                epoch,
                 punch,
                 forward,
             } => {
@@ -660,6 +668,7 @@ impl Request {
                 put_stamp(&mut f, stamp);
                 f.put_u64_le(*offset);
                 f.put_u64_le(*length);
+                f.put_u32_le(*epoch);
                 f.put_u8(*punch as u8);
                 put_forward(&mut f, forward);
                 KIND_ZERO
@@ -694,6 +703,7 @@ impl Request {
                 let chunk = r.chunk()?;
                 let stamp = r.stamp()?;
                 let offset = r.u64()?;
+                let epoch = r.u32()?;
                 let flags = r.u8()?;
                 if flags & !(WRITE_CATCH_UP | WRITE_UNSYNCED) != 0 {
                     return Err(FrameError::Malformed(r.what));
@@ -704,6 +714,7 @@ impl Request {
                     chunk,
                     stamp,
                     offset,
+                    epoch,
                     catch_up: flags & WRITE_CATCH_UP != 0,
                     unsynced: flags & WRITE_UNSYNCED != 0,
                     forward,
@@ -722,6 +733,7 @@ impl Request {
                 stamp: r.stamp()?,
                 offset: r.u64()?,
                 length: r.u64()?,
+                epoch: r.u32()?,
                 punch: r.u8()? != 0,
                 forward: r.forward()?,
             },
@@ -837,6 +849,7 @@ mod tests {
             chunk,
             stamp,
             offset: 4096,
+            epoch: 3,
             catch_up: true,
             unsynced: false,
             forward: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
@@ -846,6 +859,7 @@ mod tests {
             chunk,
             stamp,
             offset: 0,
+            epoch: 0,
             catch_up: false,
             unsynced: true,
             forward: Vec::new(),
@@ -863,6 +877,7 @@ mod tests {
             stamp,
             offset: 0,
             length: 1 << 20,
+            epoch: u32::MAX,
             punch: true,
             forward: vec![],
         });

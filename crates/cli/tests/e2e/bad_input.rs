@@ -15,7 +15,7 @@ use std::time::Duration;
 const MAGIC: u32 = 0x464c_4f45;
 const HEADER: usize = 24;
 /// The wire protocol version this suite speaks (floe_protocol::PROTOCOL_VERSION).
-const PROTOCOL: u32 = 9;
+const PROTOCOL: u32 = 10;
 const KIND_HELLO: u16 = 1;
 const KIND_READ: u16 = 3;
 /// A request to the master, and a chunk server's control request about a replica.

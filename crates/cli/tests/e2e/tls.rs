@@ -101,6 +101,7 @@ fn a_tls_cluster_serves_its_clients_and_refuses_strangers() {
         },
         stamp: Stamp::default(),
         offset: 0,
+        epoch: 0,
         catch_up: false,
         unsynced: false,
         forward: Vec::new(),
