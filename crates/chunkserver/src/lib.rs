@@ -373,6 +373,7 @@ fn store_status(e: &StoreError) -> Status {
         StoreError::Io(_) => Status::Io,
         StoreError::Corrupt { .. } => Status::Corrupt,
         StoreError::ShutDown => Status::Unavailable,
+        StoreError::Unsupported(_) => Status::BadRequest,
     }
 }
 
@@ -538,12 +539,12 @@ impl ChunkServer {
                     false => Durability::Synced,
                 };
                 self.store
-                    .write_reserved(reservation, chunk, offset, data, meta, durability)
+                    .write_reserved(reservation, chunk, offset, data, meta, durability, None)
                     .await
             }
             Change::Zero { length, punch, .. } => {
                 self.store
-                    .zero_reserved(reservation, chunk, offset, length, punch, meta)
+                    .zero_reserved(reservation, chunk, offset, length, punch, meta, None)
                     .await
             }
         };

@@ -151,8 +151,10 @@ async fn apply(store: &Store, chunk: ChunkId, kind: Staged) -> Result<u64, Store
             // Moving data already on this disk (the staging chunk is emptied after):
             // it may use the room kept for catching up.
             let reservation = store.reserve_write(at, n, Room::CatchUp)?;
+            // A move of the replica's bytes: it retains nothing.
+            let durability = Durability::Synced;
             store
-                .write_reserved(reservation, chunk, at, data, unknown, Durability::Synced)
+                .write_reserved(reservation, chunk, at, data, unknown, durability, None)
                 .await?;
             at += n;
             bytes += n;

@@ -8,6 +8,7 @@ use crate::disk::Disk;
 use crate::journal::Journals;
 use crate::layout;
 use crate::meta::Metas;
+use crate::retained::Retained;
 use crate::sums_cache::{Budget, SumsCache};
 use crate::unsynced::UnsyncedChunks;
 use floe_protocol::ChunkId;
@@ -40,6 +41,8 @@ pub(crate) struct Files {
     corrupt_found: AtomicU64,
     /// Chunks whose latest writes are acknowledged but not yet in their files.
     pub(crate) unsynced: UnsyncedChunks,
+    /// Blocks kept for snapshots (plain mode; empty in the others).
+    pub(crate) retained: Retained,
 }
 
 impl Files {
@@ -63,6 +66,7 @@ impl Files {
             corrupt: Mutex::default(),
             corrupt_found: AtomicU64::new(0),
             unsynced: UnsyncedChunks::default(),
+            retained: Retained::default(),
         }
     }
 

@@ -11,6 +11,7 @@ use crate::journal::Journals;
 use crate::layout;
 use crate::log_file::{assert_in_chunk, LogFile};
 use crate::meta::ChunkMeta;
+use crate::retained::capture::Retain;
 use crate::space::Reservation;
 use crate::unsynced::Unsynced;
 use crate::wal::{Kind, RecordHeader, RECORD_HEADER_BYTES, SECTOR_BYTES};
@@ -44,6 +45,9 @@ pub(crate) struct Change {
     /// Acknowledged only once durable; an unsynced write (`false`) once logged (see
     /// [`crate::unsynced`]).
     pub(crate) sync: bool,
+    /// The snapshot epoch whose old blocks this change retains (see
+    /// [`crate::retained`]).
+    pub(crate) retain: Option<u32>,
     /// Held until the change is in the chunk file (or the journal: see
     /// [`crate::space`]), then dropped with the change.
     pub(crate) _reservation: Reservation,
@@ -75,6 +79,8 @@ pub(crate) struct Committer {
     /// they are synced in the same order each run (a simulation replays exactly).
     pub(crate) dirty_files: BTreeSet<ChunkId>,
     pub(crate) dirty_dirs: BTreeSet<PathBuf>,
+    /// Sidecars of retained blocks changed since they were last synced.
+    pub(crate) dirty_retained: BTreeSet<(ChunkId, u32)>,
     pub(crate) buffer: Vec<u8>,
     /// Set when the log can no longer be written safely; every change then fails.
     pub(crate) failed: Option<String>,
@@ -101,6 +107,7 @@ impl Committer {
             next_seq,
             dirty_files: BTreeSet::new(),
             dirty_dirs: BTreeSet::new(),
+            dirty_retained: BTreeSet::new(),
             buffer: Vec::new(),
             failed: None,
             unsynced: Vec::new(),
@@ -143,15 +150,16 @@ impl Committer {
             loop {
                 {
                     let mut changes = queue.changes.lock().unwrap();
-                    let mut bytes = 0;
+                    let (mut records, mut bytes) = (0, 0);
                     let take = changes
                         .iter()
                         .take_while(|c| {
-                            bytes += c.data.len();
-                            bytes <= BATCH_BYTES_MAX
+                            let (n, b) = c.log_bound();
+                            (records, bytes) = (records + n, bytes + b);
+                            records <= BATCH_RECORDS_MAX && bytes <= BATCH_BYTES_MAX
                         })
                         .count()
-                        .clamp(1, BATCH_RECORDS_MAX)
+                        .max(1)
                         .min(changes.len());
                     batch.extend(changes.drain(..take));
                 }
@@ -283,11 +291,13 @@ impl Committer {
                 file.sync()?;
             }
         }
+        self.files.retained.sync(&self.dirty_retained)?;
         for dir in &self.dirty_dirs {
             self.files.sync_dir(dir)?;
         }
         self.dirty_files.clear();
         self.dirty_dirs.clear();
+        self.dirty_retained.clear();
         Ok(())
     }
 
@@ -312,6 +322,9 @@ impl Committer {
             Kind::Intent,
             "an intent changes no replica's state"
         );
+        if matches!(header.kind, Kind::Retain | Kind::Release) {
+            return;
+        }
         let mut metas = self.files.metas.lock().unwrap();
         if header.kind == Kind::DeleteVolume {
             metas.retain(|c, _| c.volume_id != chunk.volume_id);
@@ -326,6 +339,24 @@ impl Committer {
         }
     }
 
+    /// A `Retain` record into its sidecar (not yet durable: see
+    /// [`Committer::sync_dirty`]).
+    fn apply_retain(&mut self, header: &RecordHeader, data: &[u8]) -> Result<(), StoreError> {
+        let epoch = Retain::epoch(header);
+        let data = (header.length > 0).then_some(data);
+        let (disk, dir) = (&*self.files.disk, &self.files.dir);
+        let block = crate::retained::block_of(header.offset);
+        let created =
+            self.files
+                .retained
+                .put(disk, dir, header.chunk, epoch, block, header.version, data)?;
+        if created {
+            self.dirty_dirs.extend(self.files.dirs_of(header.chunk));
+        }
+        self.dirty_retained.insert((header.chunk, epoch));
+        Ok(())
+    }
+
     /// A change's effect on the chunk files (not yet durable: see
     /// [`Committer::sync_dirty`]).
     pub(crate) fn apply_file(
@@ -335,6 +366,18 @@ impl Committer {
         merge: Merge,
     ) -> Result<(), StoreError> {
         let chunk = header.chunk;
+        match header.kind {
+            Kind::Retain => return self.apply_retain(header, data),
+            Kind::Release => {
+                let epochs = header.offset as u32..=header.length as u32;
+                let (disk, dir) = (&*self.files.disk, &self.files.dir);
+                self.files.retained.release(disk, dir, chunk, epochs)?;
+                self.dirty_dirs
+                    .insert(layout::volume_dir(&self.files.dir, chunk.volume_id));
+                return Ok(());
+            }
+            _ => {}
+        }
         // The chain takes the data instead of chunk files.
         if let Some(chain) = &self.files.chain {
             for offset in chain.apply(header, data)? {
@@ -346,6 +389,9 @@ impl Committer {
             Kind::Stamp | Kind::Intent => return Ok(()),
             Kind::DeleteVolume => {
                 self.files.forget_volume(chunk.volume_id);
+                self.files.retained.forget_volume(chunk.volume_id);
+                self.dirty_retained
+                    .retain(|(c, _)| c.volume_id != chunk.volume_id);
                 self.dirty_files.retain(|c| c.volume_id != chunk.volume_id);
                 let volume = layout::volume_dir(&self.files.dir, chunk.volume_id);
                 match self.files.disk.remove_dir_all(&volume) {
@@ -356,6 +402,7 @@ impl Committer {
                 return Ok(());
             }
             Kind::Write | Kind::Bypass | Kind::Zero | Kind::Punch => {}
+            Kind::Retain | Kind::Release => unreachable!("handled above"),
         }
         assert_in_chunk(header);
         let existed = self.files.exists(chunk)?;

@@ -20,6 +20,8 @@ pub enum StoreError {
     },
     #[error("store is shut down")]
     ShutDown,
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl From<io::Error> for StoreError {

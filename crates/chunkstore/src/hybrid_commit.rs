@@ -203,7 +203,7 @@ impl Committer {
         let defer = may_defer
             && to_journal
             && unsynced_in.is_none_or(|j| j == target)
-            && self.may_leave_unsynced(batch);
+            && self.may_leave_unsynced(batch, &[]);
         // This batch's records must not outlive unsynced ones a power cut may drop
         // from another journal: the scan would apply them over the gap.
         if !defer && unsynced_in.is_some_and(|j| j != target) {
@@ -351,6 +351,7 @@ fn drop_superseded(journals: &Journals, header: &RecordHeader) -> Result<(), Sto
             Ok(())
         }
         Kind::Write | Kind::Stamp | Kind::Intent => Ok(()),
+        Kind::Retain | Kind::Release => unreachable!("hybrid stores do not retain"),
     }
 }
 
@@ -377,6 +378,7 @@ fn bypass_under_later_edges(batch: &mut [Change]) {
             }
             Kind::Stamp | Kind::DeleteVolume | Kind::Intent => continue,
             Kind::Bypass | Kind::Zero | Kind::Punch => {}
+            Kind::Retain | Kind::Release => unreachable!("hybrid stores do not retain"),
         }
         if header.kind != Kind::Write {
             if !header.offset.is_multiple_of(SECTOR_BYTES) {

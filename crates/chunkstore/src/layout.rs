@@ -31,6 +31,26 @@ pub(crate) fn sums_path(dir: &Path, chunk: ChunkId) -> PathBuf {
     chunk_path(dir, chunk).with_extension("sums")
 }
 
+/// The data of a chunk's blocks retained in snapshot epoch `epoch` (see
+/// [`crate::retained`]); like the checksums, not a chunk.
+pub(crate) fn retained_data_path(dir: &Path, chunk: ChunkId, epoch: u32) -> PathBuf {
+    chunk_path(dir, chunk).with_extension(format!("r{epoch:08x}"))
+}
+
+/// The index of [`retained_data_path`]'s slots.
+pub(crate) fn retained_index_path(dir: &Path, chunk: ChunkId, epoch: u32) -> PathBuf {
+    chunk_path(dir, chunk).with_extension(format!("i{epoch:08x}"))
+}
+
+/// (chunk index, epoch) of a retained index file's name.
+pub(crate) fn retained_index_of(name: &str) -> Option<(u64, u32)> {
+    let (index, epoch) = name.split_once(".i")?;
+    if index.len() != 16 || epoch.len() != 8 {
+        return None;
+    }
+    Some((parse_hex(index)?, u32::try_from(parse_hex(epoch)?).ok()?))
+}
+
 /// The chunk whose file `path` is in data directory `dir`.
 pub(crate) fn chunk_of(dir: &Path, path: &Path) -> Option<ChunkId> {
     let mut names = path.strip_prefix(chunks_dir(dir)).ok()?.iter();
@@ -64,5 +84,11 @@ mod tests {
         assert_eq!(chunk_of(dir, &volume_dir(dir, 0xab)), None);
         assert_eq!(chunk_of(dir, &dir.join(WAL)), None);
         assert_eq!(chunk_of(dir, &sums_path(dir, chunk)), None);
+        let index = retained_index_path(dir, chunk, 0x1234);
+        assert_eq!(chunk_of(dir, &index), None);
+        assert_eq!(chunk_of(dir, &retained_data_path(dir, chunk, 1)), None);
+        let name = index.file_name().unwrap().to_str().unwrap();
+        assert_eq!(retained_index_of(name), Some((7, 0x1234)));
+        assert_eq!(retained_index_of("0000000000000007.sums"), None);
     }
 }

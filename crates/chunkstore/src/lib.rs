@@ -16,6 +16,8 @@
 //! - [`block_sums`]: a crc32c per 4 KiB block of every chunk file, checked on every
 //!   read (journal data is checked per sector: [`journal`]); `sums_cache` keeps
 //!   pages of them in memory.
+//! - [`retained`]: blocks as they were before a snapshot epoch's first overwrite,
+//!   kept per chunk and epoch in sidecar files, logged before their change.
 //! - [`unsynced`]: writes acknowledged once logged, before the log's fdatasync,
 //!   which a later sync covers (the fast write modes).
 //! - [`space`]: the file system's free space, reserved by each change before it is
@@ -39,6 +41,7 @@
 //! journal                  hybrid mode: the hdd's own journal
 //! chunks/VOLUME/INDEX      one sparse file per chunk replica (hex ids)
 //! chunks/VOLUME/INDEX.sums its blocks' checksums
+//! chunks/VOLUME/INDEX.rEPOCH  its blocks retained in a snapshot epoch (.iEPOCH: index)
 //! ```
 //! Crash safety: a write is acknowledged only after its record is durable in the log
 //! (an unsynced write: once logged; durable after the next [`Store::sync`]).
@@ -60,6 +63,7 @@ mod log_file;
 pub mod meta;
 mod plain_commit;
 mod replay;
+mod retained;
 pub mod space;
 pub mod store;
 mod sums_cache;
@@ -71,4 +75,5 @@ pub use chain::{ChainOptions, ChainStats, Gc as ChainGc, Layout as ChainLayout, 
 pub use disk::{Disk, DiskFile, RealDisk, SimDisk};
 pub use journal::JournalDir;
 pub use meta::ChunkMeta;
+pub use retained::{RetainedBlock, RetainedEntry, RETAIN_CHANGE_BYTES_MAX};
 pub use store::{Durability, Options, Store, StoreError, Tuning};

@@ -9,7 +9,8 @@ use crate::error::{io_error, StoreError};
 use crate::layout;
 use crate::log_file::LogFile;
 use crate::meta;
-use crate::wal::{self, RecordHeader};
+use crate::retained::capture::Retain;
+use crate::wal::{self, Kind, RecordHeader, RECORD_HEADER_BYTES};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -50,20 +51,31 @@ impl Committer {
         if let Some(failed) = &self.failed {
             return Committer::fail_all(batch, StoreError::Io(failed.clone()));
         }
+        let (mut retains, mut completions) = self.capture(batch);
+        if batch.is_empty() {
+            return completions;
+        }
         // Appends stay in the log's allocated space: a full file system never fails
         // one, so a delete or trim always gets logged.
         let log = &self.logs[0];
+        let retained_bytes: u64 = retains
+            .iter()
+            .flatten()
+            .map(|r| (RECORD_HEADER_BYTES + r.header.data_len()) as u64)
+            .sum();
         // A direct log pads its last sector (see `crate::direct_log`).
-        if log.position + Committer::batch_bytes(batch) + wal::SECTOR_BYTES > log.allocated
+        if log.position + Committer::batch_bytes(batch) + retained_bytes + wal::SECTOR_BYTES
+            > log.allocated
             && log.position > wal::HEADER_BYTES
         {
             if let Err(e) = self.checkpoint() {
                 tracing::error!("checkpoint failed: {e}");
-                return Committer::fail_all(batch, e);
+                completions.extend(Committer::fail_all(batch, e));
+                return completions;
             }
         }
-        let defer = may_defer && self.may_leave_unsynced(batch);
-        if let Err(e) = self.append(batch, !defer) {
+        let defer = may_defer && self.may_leave_unsynced(batch, &retains);
+        if let Err(e) = self.append_retaining(batch, &mut retains, !defer) {
             // Nothing of the batch was acknowledged, but parts of it may be on disk
             // with valid checksums. A checkpoint moves the start sequence past them so
             // replay can never apply them; the sequence numbers are never reused. If
@@ -74,26 +86,52 @@ impl Committer {
                 self.failed = Some(message.clone());
             }
             tracing::error!("{message}");
-            return Committer::fail_all(batch, io_error(&e, message));
+            completions.extend(Committer::fail_all(batch, io_error(&e, message)));
+            return completions;
         }
         if defer {
-            return self.keep_unsynced(batch);
+            completions.extend(self.keep_unsynced(batch, retains));
+            return completions;
         }
         // The sync just made covers the unsynced changes logged before the batch.
         if let Err(e) = self.apply_unsynced() {
-            return Committer::fail_all(batch, e);
+            completions.extend(Committer::fail_all(batch, e));
+            return completions;
         }
         self.synced();
-        batch
-            .drain(..)
-            .map(|change| {
-                let result = self.apply(&change.header, &change.data, Merge::Check);
-                if let Err(e) = &result {
-                    tracing::error!(chunk = ?change.header.chunk, "applying a logged change failed: {e}");
-                }
-                (change.done, result)
-            })
-            .collect()
+        for (change, retains) in batch.drain(..).zip(retains) {
+            let result = retains
+                .iter()
+                .try_for_each(|r| self.apply(&r.header, &r.data, Merge::Check))
+                .and_then(|()| self.apply(&change.header, &change.data, Merge::Check));
+            if let Err(e) = &result {
+                tracing::error!(chunk = ?change.header.chunk, "applying a logged change failed: {e}");
+            }
+            completions.push((change.done, result));
+        }
+        completions
+    }
+
+    /// Appends the batch, each change after the old blocks it retains, as one write
+    /// and (with `sync`) one fdatasync.
+    fn append_retaining(
+        &mut self,
+        batch: &mut [Change],
+        retains: &mut [Vec<Retain>],
+        sync: bool,
+    ) -> std::io::Result<()> {
+        let mut records = Vec::new();
+        for (change, retains) in batch.iter_mut().zip(retains.iter_mut()) {
+            for retain in retains.iter_mut() {
+                records.push((&mut retain.header, &retain.data[..]));
+            }
+            let data = match change.header.kind {
+                Kind::Write => &change.data[..],
+                _ => &[],
+            };
+            records.push((&mut change.header, data));
+        }
+        self.append_records(records.into_iter(), sync)
     }
 
     /// A record's effect on the replica's state and its chunk file.

@@ -11,6 +11,7 @@ use crate::journal::{JournalDir, Journals};
 use crate::layout;
 use crate::meta::{self, ChunkMeta};
 use crate::replay;
+use crate::retained::{Retained, RetainedBlock, RetainedEntry, RETAIN_CHANGE_BYTES_MAX};
 use crate::space::{self, Reservation, Room, Space, SpaceReport};
 use crate::wal::{Kind, RecordHeader};
 use bytes::{Bytes, BytesMut};
@@ -92,6 +93,32 @@ impl Default for Tuning {
             wal_checkpoint_bytes: WAL_BYTES_CHECKPOINT,
             check_reads: std::env::var_os(BENCH_UNCHECKED_READS).is_none(),
             sync_interval: Some(SYNC_INTERVAL),
+        }
+    }
+}
+
+/// A change as [`Store::submit`] queues it, its data aside.
+struct Submit {
+    kind: Kind,
+    chunk: ChunkId,
+    offset: u64,
+    length: u64,
+    meta: ChunkMeta,
+    sync: bool,
+    retain: Option<u32>,
+}
+
+impl Submit {
+    /// A change without data, synced, retaining nothing.
+    fn control(kind: Kind, chunk: ChunkId, offset: u64, length: u64, meta: ChunkMeta) -> Submit {
+        Submit {
+            kind,
+            chunk,
+            offset,
+            length,
+            meta,
+            sync: true,
+            retain: None,
         }
     }
 }
@@ -193,6 +220,9 @@ impl Store {
             }
             committer
         } else {
+            if files.chain.is_none() {
+                files.retained = Retained::load(&*disk, dir)?;
+            }
             Committer::open_direct(&wal, Arc::new(files), wal_quota)?
         };
         // Entries made above, a first open's, and the removal of a drained log.
@@ -258,12 +288,15 @@ impl Store {
         meta: ChunkMeta,
     ) -> Result<(), StoreError> {
         let reservation = self.reserve_write(offset, data.len() as u64, Room::Normal)?;
-        self.write_reserved(reservation, chunk, offset, data, meta, Durability::Synced)
+        let durability = Durability::Synced;
+        self.write_reserved(reservation, chunk, offset, data, meta, durability, None)
             .await
     }
 
     /// [`Store::write`] into space reserved by [`Store::reserve_write`], resolving as
-    /// `durability` says.
+    /// `durability` says. With `retain: Some(epoch)`, the blocks it overwrites first in
+    /// that snapshot epoch are kept as they were (see [`Store::read_retained`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn write_reserved(
         &self,
         reservation: Reservation,
@@ -272,20 +305,18 @@ impl Store {
         data: Bytes,
         meta: ChunkMeta,
         durability: Durability,
+        retain: Option<u32>,
     ) -> Result<(), StoreError> {
-        let length = data.len() as u64;
-        let sync = durability == Durability::Synced;
-        self.submit(
-            Kind::Write,
+        let change = Submit {
+            kind: Kind::Write,
             chunk,
             offset,
-            length,
+            length: data.len() as u64,
             meta,
-            data,
-            reservation,
-            sync,
-        )
-        .await
+            sync: durability == Durability::Synced,
+            retain,
+        };
+        self.submit(change, data, reservation).await
     }
 
     /// Resolves once every change acknowledged before the call is durable.
@@ -310,11 +341,13 @@ impl Store {
         meta: ChunkMeta,
     ) -> Result<(), StoreError> {
         let reservation = self.reserve_zero(offset, length, punch)?;
-        self.zero_reserved(reservation, chunk, offset, length, punch, meta)
+        self.zero_reserved(reservation, chunk, offset, length, punch, meta, None)
             .await
     }
 
-    /// [`Store::zero`] into space reserved by [`Store::reserve_zero`].
+    /// [`Store::zero`] into space reserved by [`Store::reserve_zero`], retaining as
+    /// [`Store::write_reserved`] does.
+    #[allow(clippy::too_many_arguments)]
     pub async fn zero_reserved(
         &self,
         reservation: Reservation,
@@ -323,26 +356,63 @@ impl Store {
         length: u64,
         punch: bool,
         meta: ChunkMeta,
+        retain: Option<u32>,
     ) -> Result<(), StoreError> {
-        let kind = if punch { Kind::Punch } else { Kind::Zero };
-        let data = Bytes::new();
-        self.submit(kind, chunk, offset, length, meta, data, reservation, true)
-            .await
+        let change = Submit {
+            kind: if punch { Kind::Punch } else { Kind::Zero },
+            chunk,
+            offset,
+            length,
+            meta,
+            sync: true,
+            retain,
+        };
+        self.submit(change, Bytes::new(), reservation).await
     }
 
     /// Sets the chunk's view and version only. Resolves once durable.
     pub async fn set_meta(&self, chunk: ChunkId, meta: ChunkMeta) -> Result<(), StoreError> {
-        self.submit(
-            Kind::Stamp,
-            chunk,
-            0,
-            0,
-            meta,
-            Bytes::new(),
-            Reservation::none(),
-            true,
-        )
-        .await
+        let change = Submit::control(Kind::Stamp, chunk, 0, 0, meta);
+        self.submit(change, Bytes::new(), Reservation::none()).await
+    }
+
+    /// Drops the chunk's retained blocks of `epochs` (every one: a replica dropped).
+    /// Resolves once durable.
+    pub async fn release_retained(
+        &self,
+        chunk: ChunkId,
+        epochs: std::ops::RangeInclusive<u32>,
+    ) -> Result<(), StoreError> {
+        let (first, last) = (*epochs.start() as u64, *epochs.end() as u64);
+        let change = Submit::control(Kind::Release, chunk, first, last, ChunkMeta::default());
+        self.submit(change, Bytes::new(), Reservation::none()).await
+    }
+
+    /// The block holding `offset` as snapshot epoch `epoch` retained it; `None` if that
+    /// epoch did not overwrite it. A block that fails its checksum is an error, as in
+    /// [`Store::read`].
+    pub async fn read_retained(
+        &self,
+        chunk: ChunkId,
+        epoch: u32,
+        offset: u64,
+    ) -> Result<Option<RetainedBlock>, StoreError> {
+        check_range(offset, BLOCK_BYTES)?;
+        // Held unsynced records reach the sidecars only once synced.
+        if self.files.unsynced.holds(chunk) {
+            self.sync().await?;
+        }
+        let read = self.files.retained.read(chunk, epoch, offset);
+        if let Err(StoreError::Corrupt { offset, place, .. }) = &read {
+            self.files.found_corrupt(chunk, *offset, place);
+        }
+        read
+    }
+
+    /// The chunk's retained blocks, by epoch and offset (those of unsynced changes
+    /// once synced).
+    pub fn retained(&self, chunk: ChunkId) -> Vec<RetainedEntry> {
+        self.files.retained.entries(chunk)
     }
 
     /// The chunk's view and version as of its last acknowledged change (durable
@@ -363,33 +433,30 @@ impl Store {
             volume_id,
             index: 0,
         };
-        self.submit(
-            Kind::DeleteVolume,
-            chunk,
-            0,
-            0,
-            ChunkMeta::default(),
-            Bytes::new(),
-            Reservation::none(),
-            true,
-        )
-        .await
+        let change = Submit::control(Kind::DeleteVolume, chunk, 0, 0, ChunkMeta::default());
+        self.submit(change, Bytes::new(), Reservation::none()).await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn submit(
         &self,
-        kind: Kind,
-        chunk: ChunkId,
-        offset: u64,
-        length: u64,
-        meta: ChunkMeta,
+        change: Submit,
         data: Bytes,
         reservation: Reservation,
-        sync: bool,
     ) -> Result<(), StoreError> {
-        if kind != Kind::DeleteVolume {
+        let Submit {
+            kind,
+            chunk,
+            offset,
+            length,
+            meta,
+            sync,
+            retain,
+        } = change;
+        if !matches!(kind, Kind::DeleteVolume | Kind::Release) {
             check_range(offset, length)?;
+        }
+        if retain.is_some() {
+            self.check_retaining(length)?;
         }
         let (done, result) = oneshot::channel();
         let header = RecordHeader {
@@ -406,10 +473,27 @@ impl Store {
             data,
             done,
             sync,
+            retain,
             _reservation: reservation,
         });
         self.queue.wake.notify_one();
         result.await.map_err(|_| StoreError::ShutDown)?
+    }
+
+    /// Whether this store may retain for a change of `length` bytes.
+    fn check_retaining(&self, length: u64) -> Result<(), StoreError> {
+        if self.files.journals.is_some() || self.files.chain.is_some() {
+            return Err(StoreError::Unsupported(
+                "only a plain store (no --journal, no chained log) retains blocks for snapshots"
+                    .into(),
+            ));
+        }
+        if length > RETAIN_CHANGE_BYTES_MAX {
+            return Err(StoreError::Unsupported(format!(
+                "a change that retains old blocks covers at most {RETAIN_CHANGE_BYTES_MAX} bytes, not {length}: split it"
+            )));
+        }
+        Ok(())
     }
 
     /// Reads a range; parts never written read as zeroes. Journaled data comes from the
@@ -651,24 +735,27 @@ impl Store {
         self.files.journals.as_ref().map_or(0, Journals::backlog)
     }
 
-    /// Bytes of chunk data and their checksums on disk (allocated blocks).
+    /// Bytes of chunk data and their checksums on disk (allocated blocks), retained
+    /// blocks included.
     pub fn used_bytes(&self) -> u64 {
         if let Some(chain) = &self.files.chain {
             return chain.stats().live_blocks * BLOCK_BYTES;
         }
         let disk = &self.files.disk;
-        self.chunks()
-            .into_iter()
-            .map(|chunk| {
-                [
-                    layout::chunk_path(&self.files.dir, chunk),
-                    layout::sums_path(&self.files.dir, chunk),
-                ]
-                .iter()
-                .map(|path| disk.allocated_bytes(path).unwrap_or(0))
+        self.files.retained.bytes()
+            + self
+                .chunks()
+                .into_iter()
+                .map(|chunk| {
+                    [
+                        layout::chunk_path(&self.files.dir, chunk),
+                        layout::sums_path(&self.files.dir, chunk),
+                    ]
+                    .iter()
+                    .map(|path| disk.allocated_bytes(path).unwrap_or(0))
+                    .sum::<u64>()
+                })
                 .sum::<u64>()
-            })
-            .sum()
     }
 
     /// Every chunk replica stored here.

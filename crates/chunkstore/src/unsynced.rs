@@ -25,6 +25,7 @@
 use crate::block_sums::Merge;
 use crate::committer::{Change, Committer, Completions, BATCH_RECORDS_MAX};
 use crate::error::StoreError;
+use crate::retained::capture::Retain;
 use crate::space::Reservation;
 use crate::wal::{Kind, RecordHeader};
 use bytes::Bytes;
@@ -65,29 +66,44 @@ impl UnsyncedChunks {
 }
 
 impl Committer {
-    /// Whether `batch` may be appended without a sync: only unsynced writes, and
-    /// within the bounds of what may stay unsynced.
-    pub(crate) fn may_leave_unsynced(&self, batch: &[Change]) -> bool {
+    /// Whether `batch` (with the old blocks it retains) may be appended without a
+    /// sync: only unsynced writes, and within the bounds of what may stay unsynced.
+    pub(crate) fn may_leave_unsynced(&self, batch: &[Change], retains: &[Vec<Retain>]) -> bool {
+        let retains = retains.iter().flatten();
         let bytes: usize = self.unsynced.iter().map(|u| u.data.len()).sum::<usize>()
-            + batch.iter().map(|c| c.data.len()).sum::<usize>();
+            + batch.iter().map(|c| c.data.len()).sum::<usize>()
+            + retains.clone().map(|r| r.data.len()).sum::<usize>();
         batch
             .iter()
             .all(|c| !c.sync && c.header.kind == Kind::Write)
-            && self.unsynced.len() + batch.len() <= BATCH_RECORDS_MAX
+            && self.unsynced.len() + batch.len() + retains.count() <= BATCH_RECORDS_MAX
             && bytes <= UNSYNCED_BYTES_MAX
     }
 
     /// Acknowledges a batch just appended without a sync: the replicas' versions
-    /// move on now, the chunk files once the log is synced.
-    pub(crate) fn keep_unsynced(&mut self, batch: &mut Vec<Change>) -> Completions {
+    /// move on now, the chunk files and retained blocks once the log is synced.
+    pub(crate) fn keep_unsynced(
+        &mut self,
+        batch: &mut Vec<Change>,
+        retains: Vec<Vec<Retain>>,
+    ) -> Completions {
         batch
             .drain(..)
-            .map(|change| {
+            .zip(retains)
+            .map(|(change, retains)| {
+                for retain in retains {
+                    self.hold_unsynced(retain.header, retain.data, Reservation::none());
+                }
                 self.apply_meta(&change.header);
                 self.hold_unsynced(change.header, change.data, change._reservation);
                 (change.done, Ok(()))
             })
             .collect()
+    }
+
+    /// The changes held unsynced, in log order.
+    pub(crate) fn held_unsynced(&self) -> impl Iterator<Item = (&RecordHeader, &Bytes)> {
+        self.unsynced.iter().map(|u| (&u.header, &u.data))
     }
 
     /// Keeps an acknowledged, unsynced change until the next sync.

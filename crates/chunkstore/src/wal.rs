@@ -13,7 +13,8 @@
 //! the start without being truncated or zeroed. Sequence numbers are global across
 //! the journals of one store (see `store`), so a file's records may skip numbers.
 //!
-//! Format 2 (the log in the data directory) packs records back to back. Format 5 (a
+//! Format 6 (the log in the data directory; 2 before retained blocks) packs records
+//! back to back. Format 5 (a
 //! journal) pads before the data so it starts on a [`SECTOR_BYTES`] boundary: the
 //! journal index addresses journal data in sectors. `view` and `version` are the
 //! chunk's replication state once the record is applied, so the state is durable in
@@ -26,7 +27,11 @@ pub const HEADER_BYTES: u64 = 4096;
 pub const RECORD_HEADER_BYTES: usize = 68;
 const HEADER_MAGIC: u32 = 0x464c_5748; // "FLWH"
 const RECORD_MAGIC: u32 = 0x464c_5752; // "FLWR"
-const FORMAT_PACKED: u32 = 2;
+/// Format 6 adds `Retain` and `Release` records, which an older reader would take for
+/// a torn tail and drop with everything after: it is refused by them. Format 2 has
+/// neither and is still read.
+const FORMAT_PACKED: u32 = 6;
+const FORMAT_PACKED_READ: [u32; 2] = [2, FORMAT_PACKED];
 /// Format 4: a header's start sequence also voids older records in the other journals
 /// (format 3 journals lack that rule and are refused, to be drained by the old version).
 /// Format 5 adds `Intent` records, which a format 4 reader would take for a torn tail:
@@ -58,6 +63,13 @@ pub enum Kind {
     /// intents newer than every other record, the batch it cut short (see
     /// [`crate::block_sums`]).
     Intent = 7,
+    /// Plain mode, before the change that overwrites it: a block as it was, retained
+    /// for a snapshot epoch (`offset` the block's, `view` the epoch, `version` the
+    /// change's; no data when it was all zeroes). See [`crate::retained`].
+    Retain = 8,
+    /// Drops a chunk's retained blocks of epochs `offset..=length` (no data, no
+    /// state).
+    Release = 9,
 }
 
 impl Kind {
@@ -70,6 +82,8 @@ impl Kind {
             5 => Kind::Stamp,
             6 => Kind::Bypass,
             7 => Kind::Intent,
+            8 => Kind::Retain,
+            9 => Kind::Release,
             _ => return None,
         })
     }
@@ -89,10 +103,9 @@ pub struct RecordHeader {
 impl RecordHeader {
     /// Bytes of data following the header.
     pub fn data_len(&self) -> usize {
-        if self.kind == Kind::Write {
-            self.length as usize
-        } else {
-            0
+        match self.kind {
+            Kind::Write | Kind::Retain => self.length as usize,
+            _ => 0,
         }
     }
 
@@ -152,8 +165,7 @@ impl RecordHeader {
             view: r.get_u64_le(),
             version: r.get_u64_le(),
         };
-        if header.seq < seq || (header.kind == Kind::Write && header.length > RECORD_DATA_BYTES_MAX)
-        {
+        if header.seq < seq || header.data_len() as u64 > RECORD_DATA_BYTES_MAX {
             return None;
         }
         Some((header, crc))
@@ -198,7 +210,7 @@ pub fn decode_header(raw: &[u8], aligned: bool) -> Result<u64, HeaderError> {
     }
     match r.get_u32_le() {
         format if aligned && FORMAT_ALIGNED_READ.contains(&format) => Ok(r.get_u64_le()),
-        FORMAT_PACKED if !aligned => Ok(r.get_u64_le()),
+        format if !aligned && FORMAT_PACKED_READ.contains(&format) => Ok(r.get_u64_le()),
         other => Err(HeaderError::Format(other)),
     }
 }
@@ -250,5 +262,11 @@ mod tests {
         let crc = crc32c::crc32c(&four[..16]);
         four[16..20].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(decode_header(&four, true), Ok(78));
+        // So is a format 2 log (before retained blocks).
+        let mut two = encode_header(79, false);
+        two[4..8].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32c::crc32c(&two[..16]);
+        two[16..20].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(decode_header(&two, false), Ok(79));
     }
 }

@@ -18,19 +18,28 @@
 //! checksum (a byte flipped under it fails the read). What was recovered is then the
 //! baseline of the next round.
 //!
+//! Plain mode's writes and zeroes also retain old blocks for a snapshot epoch, and
+//! some changes release epochs (see `floe_chunkstore::retained`). At the point `p`
+//! that explains a chunk, its retained blocks must be exactly those the history up
+//! to `p` retained, each holding the block as it was just before the change that
+//! retained it and tagged with that change's version; the only extras allowed are
+//! blocks of the next change (its `Retain` records precede it in the log), holding
+//! the block as of `p`.
+//!
 //! `FLOE_POWER_CUTS=N` runs about N cuts per mode (default 100); `FLOE_POWER_CUT_SEED`
 //! replays a run. Run with `--nocapture` to see the counts.
 
 use bytes::Bytes;
 use floe_chunkstore::space::Room;
 use floe_chunkstore::{
-    ChainGc, ChainOptions, ChunkMeta, Durability, JournalDir, Options, SimDisk, Store, StoreError,
-    Tuning,
+    ChainGc, ChainOptions, ChunkMeta, Durability, JournalDir, Options, RetainedBlock, SimDisk,
+    Store, StoreError, Tuning,
 };
 use floe_protocol::ChunkId;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -54,6 +63,12 @@ const CHUNKS: [ChunkId; 3] = [
 const DATA: &str = "/data";
 const SSDS: [&str; 2] = ["/ssd0", "/ssd1"];
 const EPOCHS: usize = 3;
+/// Snapshot epochs the changes retain for (1 up to this).
+const EPOCHS_RETAINED: u32 = 3;
+const BLOCK: u64 = 4096;
+
+/// A chunk's retained blocks: (epoch, block offset) -> (bytes, tag).
+type Retained = BTreeMap<(u32, u64), (Vec<u8>, u64)>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -118,15 +133,22 @@ enum Op {
         offset: u64,
         length: u64,
         unsynced: bool,
+        retain: Option<u32>,
     },
     Zero {
         chunk: usize,
         offset: u64,
         length: u64,
         punch: bool,
+        retain: Option<u32>,
     },
     SetMeta {
         chunk: usize,
+    },
+    /// Drops the chunk's retained blocks of epochs up to `upto` (plain mode only).
+    Release {
+        chunk: usize,
+        upto: u32,
     },
     DeleteVolume {
         volume: u64,
@@ -165,49 +187,68 @@ fn op() -> impl Strategy<Value = Op> {
     let sectors = |n: u64| (1..=n).prop_map(|s| s * 512);
     let aligned_offset = |length: u64| (0..=(SPAN - length) / 512).prop_map(|s| s * 512);
     let unsynced = || proptest::bool::weighted(0.4);
-    let small =
-        (chunk.clone(), sectors(16), unsynced()).prop_flat_map(move |(chunk, length, unsynced)| {
+    let retain = || proptest::option::weighted(0.5, 1..=EPOCHS_RETAINED);
+    let small = (chunk.clone(), sectors(16), unsynced(), retain()).prop_flat_map(
+        move |(chunk, length, unsynced, retain)| {
             aligned_offset(length).prop_map(move |offset| Op::Write {
                 chunk,
                 offset,
                 length,
                 unsynced,
-            })
-        });
-    let unaligned =
-        (chunk.clone(), 1..5000u64, unsynced()).prop_flat_map(|(chunk, length, unsynced)| {
-            (0..=SPAN - length).prop_map(move |offset| Op::Write {
-                chunk,
-                offset,
-                length,
-                unsynced,
-            })
-        });
-    let large = (chunk.clone(), (64 << 10) + 1..(128u64 << 10), unsynced()).prop_flat_map(
-        |(chunk, length, unsynced)| {
-            (0..=SPAN - length).prop_map(move |offset| Op::Write {
-                chunk,
-                offset,
-                length,
-                unsynced,
+                retain,
             })
         },
     );
-    let zero =
-        (chunk.clone(), 1..(64u64 << 10), any::<bool>()).prop_flat_map(|(chunk, length, punch)| {
+    let unaligned = (chunk.clone(), 1..5000u64, unsynced(), retain()).prop_flat_map(
+        |(chunk, length, unsynced, retain)| {
+            (0..=SPAN - length).prop_map(move |offset| Op::Write {
+                chunk,
+                offset,
+                length,
+                unsynced,
+                retain,
+            })
+        },
+    );
+    let large = (
+        chunk.clone(),
+        (64 << 10) + 1..(128u64 << 10),
+        unsynced(),
+        retain(),
+    )
+        .prop_flat_map(|(chunk, length, unsynced, retain)| {
+            (0..=SPAN - length).prop_map(move |offset| Op::Write {
+                chunk,
+                offset,
+                length,
+                unsynced,
+                retain,
+            })
+        });
+    let zero = (chunk.clone(), 1..(64u64 << 10), any::<bool>(), retain()).prop_flat_map(
+        |(chunk, length, punch, retain)| {
             (0..=SPAN - length).prop_map(move |offset| Op::Zero {
                 chunk,
                 offset,
                 length,
                 punch,
+                retain,
             })
-        });
+        },
+    );
+    // Up to the last epoch too: every one, as a dropped replica releases them.
+    let release = (
+        chunk.clone(),
+        prop_oneof![1..=EPOCHS_RETAINED, Just(u32::MAX)],
+    )
+        .prop_map(|(chunk, upto)| Op::Release { chunk, upto });
     prop_oneof![
         8 => small,
         2 => unaligned,
         2 => large,
         2 => zero,
         1 => chunk.prop_map(|chunk| Op::SetMeta { chunk }),
+        1 => release,
         1 => (1..=2u64).prop_map(|volume| Op::DeleteVolume { volume }),
     ]
 }
@@ -265,6 +306,12 @@ struct Change {
     done: bool,
     /// It must survive a cut: done, and durable when done or synced since.
     acknowledged: bool,
+    /// The epoch whose old blocks it retains.
+    retain: Option<u32>,
+    /// It releases the retained blocks of epochs up to this one.
+    release: Option<u32>,
+    /// A volume delete: it drops every retained block too.
+    deletes: bool,
 }
 
 impl Change {
@@ -274,6 +321,34 @@ impl Change {
             .contains(&at)
             .then(|| if id == 0 { 0 } else { pattern(id, at) })
     }
+
+    /// Its effect on retained blocks, over the chunk's bytes `state` as it finds them.
+    fn retains(&self, state: &[u8], retained: &mut Retained) {
+        if self.deletes {
+            retained.clear();
+        }
+        if let Some(upto) = self.release {
+            retained.retain(|&(epoch, _), _| epoch > upto);
+        }
+        for (key, old) in self.retained_blocks(state) {
+            retained.entry(key).or_insert(old);
+        }
+    }
+
+    /// The blocks it retains unless its epoch holds them already.
+    fn retained_blocks(&self, state: &[u8]) -> Retained {
+        let (Some(epoch), Some((offset, length, _))) = (self.retain, self.range) else {
+            return Retained::new();
+        };
+        let first = offset - offset % BLOCK;
+        (first..offset + length)
+            .step_by(BLOCK as usize)
+            .map(|at| {
+                let old = state[at as usize..(at + BLOCK) as usize].to_vec();
+                ((epoch, at), (old, self.meta.version))
+            })
+            .collect()
+    }
 }
 
 /// One chunk: what the last check found, and the changes since.
@@ -281,9 +356,12 @@ impl Change {
 struct Chunk {
     base: Vec<u8>,
     base_meta: ChunkMeta,
+    base_retained: Retained,
     changes: Vec<Change>,
     /// The chunk's next version.
     version: u64,
+    /// Its state after the last change submitted.
+    last_meta: ChunkMeta,
 }
 
 struct Model {
@@ -299,8 +377,10 @@ impl Model {
         let chunk = Chunk {
             base: vec![0; SPAN as usize],
             base_meta: ChunkMeta::default(),
+            base_retained: Retained::new(),
             changes: Vec::new(),
             version: 1,
+            last_meta: ChunkMeta::default(),
         };
         Model {
             mode,
@@ -310,13 +390,27 @@ impl Model {
         }
     }
 
+    /// A change leaving state `meta` and setting `range`, not yet done.
+    fn change(&self, meta: ChunkMeta, range: Option<(u64, u64, u64)>) -> Change {
+        Change {
+            range,
+            meta,
+            done: false,
+            acknowledged: false,
+            retain: None,
+            release: None,
+            deletes: false,
+        }
+    }
+
     fn meta(&mut self, chunk: usize) -> ChunkMeta {
         let c = &mut self.chunks[chunk];
         c.version += 1;
-        ChunkMeta {
+        c.last_meta = ChunkMeta {
             view: 1,
             version: c.version,
-        }
+        };
+        c.last_meta
     }
 
     /// Checks a chunk's recovered state; then makes it the baseline.
@@ -326,6 +420,7 @@ impl Model {
         meta: ChunkMeta,
         data: &[u8],
         extents: &[(u64, u64)],
+        retained: &Retained,
     ) -> Result<(), String> {
         let c = &self.chunks[chunk];
         let acked = c.changes.iter().rposition(|c| c.acknowledged);
@@ -341,12 +436,20 @@ impl Model {
         for p in points {
             let upto = p.map_or(0, |p| p + 1);
             let mut expected = c.base.clone();
+            let mut expected_retained = c.base_retained.clone();
             for change in &c.changes[..upto] {
+                change.retains(&expected, &mut expected_retained);
                 if let Some((offset, length, _)) = change.range {
                     for at in offset..offset + length {
                         expected[at as usize] = change.byte(at).expect("inside");
                     }
                 }
+            }
+            if let Err(e) =
+                check_retained(&expected, &expected_retained, c.changes.get(upto), retained)
+            {
+                why += &format!("\n  point {p:?}: {e}");
+                continue;
             }
             let later = &c.changes[upto..];
             let wrong = (0..SPAN).find(|&at| {
@@ -381,11 +484,53 @@ impl Model {
         let c = &mut self.chunks[chunk];
         c.base = data.to_vec();
         c.base_meta = meta;
+        c.last_meta = meta;
+        c.base_retained = retained.clone();
         c.changes.clear();
         let meta_bytes = [meta.view.to_le_bytes(), meta.version.to_le_bytes()].concat();
         self.digest = crc32c::crc32c_append(crc32c::crc32c_append(self.digest, data), &meta_bytes);
+        for ((epoch, at), (old, tag)) in retained {
+            let key = [
+                epoch.to_le_bytes().as_slice(),
+                &at.to_le_bytes(),
+                &tag.to_le_bytes(),
+            ]
+            .concat();
+            self.digest = crc32c::crc32c_append(crc32c::crc32c_append(self.digest, &key), old);
+        }
         Ok(())
     }
+}
+
+/// Whether the recovered retained blocks are those `expected` at a point, plus at most
+/// some of the blocks the `next` change retains (logged before it), as of `state`.
+fn check_retained(
+    state: &[u8],
+    expected: &Retained,
+    next: Option<&Change>,
+    recovered: &Retained,
+) -> Result<(), String> {
+    for (key, want) in expected {
+        match recovered.get(key) {
+            Some(got) if got == want => {}
+            Some(got) => {
+                return Err(format!(
+                    "retained {key:?} tagged {:#x}, expected tag {:#x} (or other bytes)",
+                    got.1, want.1
+                ))
+            }
+            None => return Err(format!("retained {key:?} (tag {:#x}) is missing", want.1)),
+        }
+    }
+    let lone = next
+        .map(|change| change.retained_blocks(state))
+        .unwrap_or_default();
+    for (key, got) in recovered {
+        if !expected.contains_key(key) && lone.get(key) != Some(got) {
+            return Err(format!("retained {key:?} (tag {:#x}) should not be", got.1));
+        }
+    }
+    Ok(())
 }
 
 fn options(mode: Mode, quota: u64) -> (Options, Tuning) {
@@ -440,13 +585,15 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
     let mut handles = Vec::new();
     let mut changes = Vec::new();
     for op in ops {
-        let (touched, range) = match *op {
+        let touched: Vec<(usize, Change, bool)> = match *op {
             Op::Write {
                 chunk,
                 offset,
                 length,
                 unsynced,
+                retain,
             } => {
+                let retain = retain.filter(|_| model.mode == Mode::Plain);
                 let id = model.next_id;
                 model.next_id += 1;
                 let data: Vec<u8> = (offset..offset + length)
@@ -456,28 +603,44 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 let store = store.clone();
                 handles.push(tokio::spawn(async move {
                     let (id, data) = (CHUNKS[chunk], Bytes::from(data));
-                    if !unsynced {
-                        return store.write(id, offset, data, meta).await;
-                    }
+                    let durability = match unsynced {
+                        true => Durability::Unsynced,
+                        false => Durability::Synced,
+                    };
                     let reservation = store.reserve_write(offset, length, Room::Normal)?;
                     store
-                        .write_reserved(reservation, id, offset, data, meta, Durability::Unsynced)
+                        .write_reserved(reservation, id, offset, data, meta, durability, retain)
                         .await
                 }));
-                (vec![(chunk, meta, unsynced)], Some((offset, length, id)))
+                let change = model.change(meta, Some((offset, length, id)));
+                vec![(chunk, Change { retain, ..change }, unsynced)]
             }
             Op::Zero {
                 chunk,
                 offset,
                 length,
                 punch,
+                retain,
             } => {
+                let retain = retain.filter(|_| model.mode == Mode::Plain);
                 let meta = model.meta(chunk);
                 let store = store.clone();
                 handles.push(tokio::spawn(async move {
-                    store.zero(CHUNKS[chunk], offset, length, punch, meta).await
+                    let reservation = store.reserve_zero(offset, length, punch)?;
+                    store
+                        .zero_reserved(
+                            reservation,
+                            CHUNKS[chunk],
+                            offset,
+                            length,
+                            punch,
+                            meta,
+                            retain,
+                        )
+                        .await
                 }));
-                (vec![(chunk, meta, false)], Some((offset, length, 0)))
+                let change = model.change(meta, Some((offset, length, 0)));
+                vec![(chunk, Change { retain, ..change }, false)]
             }
             Op::SetMeta { chunk } => {
                 let meta = model.meta(chunk);
@@ -485,34 +648,57 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 handles.push(tokio::spawn(async move {
                     store.set_meta(CHUNKS[chunk], meta).await
                 }));
-                (vec![(chunk, meta, false)], None)
+                vec![(chunk, model.change(meta, None), false)]
+            }
+            Op::Release { chunk, upto } => {
+                if model.mode != Mode::Plain {
+                    continue;
+                }
+                let store = store.clone();
+                handles.push(tokio::spawn(async move {
+                    store.release_retained(CHUNKS[chunk], 0..=upto).await
+                }));
+                // It leaves the chunk's state as it was.
+                let meta = model.chunks[chunk].last_meta;
+                let change = model.change(meta, None);
+                let change = Change {
+                    release: Some(upto),
+                    ..change
+                };
+                vec![(chunk, change, false)]
             }
             Op::DeleteVolume { volume } => {
                 let store = store.clone();
                 handles.push(tokio::spawn(
                     async move { store.delete_volume(volume).await },
                 ));
+                let change = Change {
+                    deletes: true,
+                    ..model.change(ChunkMeta::default(), Some((0, SPAN, 0)))
+                };
                 let touched = (0..CHUNKS.len())
                     .filter(|&c| CHUNKS[c].volume_id == volume)
-                    .map(|c| (c, ChunkMeta::default(), false))
-                    .collect();
-                (touched, Some((0, SPAN, 0)))
+                    .map(|c| (c, change.clone(), false))
+                    .collect::<Vec<_>>();
+                for &(c, _, _) in &touched {
+                    model.chunks[c].last_meta = ChunkMeta::default();
+                }
+                touched
             }
         };
-        changes.push((touched, range));
+        changes.push(touched);
     }
-    for (handle, (touched, range)) in handles.into_iter().zip(changes) {
+    for (handle, touched) in handles.into_iter().zip(changes) {
         let done = match handle.await.expect("the change's task") {
             Ok(()) => true,
             Err(StoreError::ShutDown) => return Err("the committer died".into()),
             Err(_) => false,
         };
-        for (chunk, meta, unsynced) in touched {
+        for (chunk, change, unsynced) in touched {
             model.chunks[chunk].changes.push(Change {
-                range,
-                meta,
                 done,
                 acknowledged: done && !unsynced,
+                ..change
             });
         }
     }
@@ -530,7 +716,20 @@ async fn reopen_and_check(sim: &SimDisk, model: &mut Model, quota: u64) -> Resul
             .await
             .map_err(|e| format!("read: {e}"))?;
         let extents = store.extents(*id).map_err(|e| format!("extents: {e}"))?;
-        model.check(chunk, store.meta(*id), &data, &extents)?;
+        let mut retained = Retained::new();
+        for entry in store.retained(*id) {
+            let block = store
+                .read_retained(*id, entry.epoch, entry.offset)
+                .await
+                .map_err(|e| format!("read retained {entry:?}: {e}"))?;
+            let old = match block {
+                Some(RetainedBlock::Data(data)) => data.to_vec(),
+                Some(RetainedBlock::Zeroes) => vec![0; BLOCK as usize],
+                None => return Err(format!("listed {entry:?} does not read")),
+            };
+            retained.insert((entry.epoch, entry.offset), (old, entry.tag));
+        }
+        model.check(chunk, store.meta(*id), &data, &extents, &retained)?;
         if model.mode == Mode::Plain {
             still_checked(sim, &store, *id, &data).await?;
         }
@@ -831,6 +1030,7 @@ fn regression_a_new_data_directory_survives_a_power_cut() {
             offset,
             length,
             unsynced: false,
+            retain: None,
         };
         regression(
             mode,
@@ -854,12 +1054,14 @@ fn regression_an_unaligned_bypass_after_a_journaled_write_in_one_batch() {
         offset,
         length,
         unsynced: false,
+        retain: None,
     };
     let zero = |offset, length| Op::Zero {
         chunk: 0,
         offset,
         length,
         punch: true,
+        retain: None,
     };
     regression(
         Mode::Hybrid,
@@ -882,6 +1084,7 @@ fn regression_a_batch_does_not_copy_back_what_it_superseded() {
         offset,
         length,
         unsynced: false,
+        retain: None,
     };
     regression(
         Mode::Hybrid,
@@ -895,6 +1098,7 @@ fn regression_a_batch_does_not_copy_back_what_it_superseded() {
                     offset: 8000,
                     length: 500,
                     punch: false,
+                    retain: None,
                 },
                 write(0, 8300, 100),
             ]),
@@ -948,12 +1152,14 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             offset: 174698,
                             length: 1793,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Write {
                             chunk: 0,
                             offset: 62976,
                             length: 2048,
                             unsynced: false,
+                            retain: None,
                         },
                     ]),
                     Step::Replay,
@@ -970,6 +1176,7 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                         offset: 157184,
                         length: 6656,
                         unsynced: false,
+                        retain: None,
                     }]),
                     Step::Replay,
                     Step::Batch(vec![
@@ -978,18 +1185,21 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             offset: 38912,
                             length: 2560,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Zero {
                             chunk: 2,
                             offset: 43535,
                             length: 55212,
                             punch: false,
+                            retain: None,
                         },
                         Op::Zero {
                             chunk: 1,
                             offset: 139201,
                             length: 33287,
                             punch: false,
+                            retain: None,
                         },
                     ]),
                     Step::Replay,
@@ -999,12 +1209,14 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             offset: 58808,
                             length: 89256,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Write {
                             chunk: 0,
                             offset: 51602,
                             length: 76942,
                             unsynced: false,
+                            retain: None,
                         },
                     ]),
                     Step::Batch(vec![
@@ -1013,18 +1225,21 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             offset: 74240,
                             length: 1024,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Write {
                             chunk: 1,
                             offset: 22528,
                             length: 4608,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Write {
                             chunk: 1,
                             offset: 11264,
                             length: 8192,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::SetMeta { chunk: 0 },
                     ]),
@@ -1034,18 +1249,21 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             offset: 9728,
                             length: 7168,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Write {
                             chunk: 0,
                             offset: 69632,
                             length: 512,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Write {
                             chunk: 2,
                             offset: 134656,
                             length: 7168,
                             unsynced: false,
+                            retain: None,
                         },
                     ]),
                 ],
@@ -1060,6 +1278,7 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                         offset: 71168,
                         length: 2560,
                         unsynced: false,
+                        retain: None,
                     }]),
                     Step::Batch(vec![
                         Op::Write {
@@ -1067,6 +1286,7 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             offset: 54784,
                             length: 7168,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::DeleteVolume { volume: 1 },
                     ]),
@@ -1075,6 +1295,7 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                         offset: 153600,
                         length: 3072,
                         unsynced: false,
+                        retain: None,
                     }]),
                     Step::Replay,
                     Step::Batch(vec![
@@ -1083,24 +1304,28 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             offset: 115851,
                             length: 22683,
                             punch: false,
+                            retain: None,
                         },
                         Op::Write {
                             chunk: 2,
                             offset: 132571,
                             length: 1831,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Write {
                             chunk: 2,
                             offset: 92160,
                             length: 7680,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Write {
                             chunk: 1,
                             offset: 65536,
                             length: 3584,
                             unsynced: false,
+                            retain: None,
                         },
                     ]),
                     Step::Batch(vec![
@@ -1109,6 +1334,7 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             offset: 146432,
                             length: 8192,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::DeleteVolume { volume: 2 },
                         Op::Write {
@@ -1116,12 +1342,14 @@ fn regression_an_unacknowledged_record_stays_gone_after_later_cuts() {
                             offset: 64627,
                             length: 83974,
                             unsynced: false,
+                            retain: None,
                         },
                         Op::Zero {
                             chunk: 1,
                             offset: 180447,
                             length: 3983,
                             punch: false,
+                            retain: None,
                         },
                     ]),
                 ],

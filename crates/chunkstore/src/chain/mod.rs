@@ -242,6 +242,7 @@ impl Chain {
             }
             Kind::Write | Kind::Bypass => Some(data),
             Kind::Zero | Kind::Punch => None,
+            Kind::Retain | Kind::Release => unreachable!("chained stores do not retain"),
         };
         state.maps.touch(chunk);
         let before = state.tail;

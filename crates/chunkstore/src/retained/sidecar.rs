@@ -1,0 +1,195 @@
+//! One chunk's retained blocks of one snapshot epoch: a data file of 4 KiB slots and
+//! an index file of fixed entries, both appended in the order the blocks were
+//! retained (entry `k` describes slot `k`).
+//!
+//! ```text
+//! index entry (32 bytes): block u32 | flags u32 | tag u64 | data crc u32 | zero [8] | crc u32
+//! ```
+//! `block` is the block's number in the chunk, `tag` the version of the change that
+//! retained it, `flags` bit 0 "the block was all zeroes" (its slot is never written).
+//! The crc covers the entry's first 28 bytes.
+//!
+//! Crash safety comes from the log: every entry appended since the last checkpoint
+//! has its `Retain` record there, and a checkpoint syncs both files before the log
+//! forgets. Opening keeps the entries up to the first one that does not check (a
+//! power cut may keep any subset of unsynced writes); replaying the log then writes
+//! each record again, in place where its entry survived, appended where not, so every
+//! entry gets back the slot it had.
+
+use crate::disk::{self, Disk, FileRef};
+use bytes::{Buf, BufMut};
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+
+use super::BLOCK_BYTES;
+
+const ENTRY_BYTES: u64 = 32;
+const ZEROES: u32 = 1;
+
+/// Where a retained block is, and what it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub(crate) ordinal: u32,
+    pub(crate) tag: u64,
+    /// crc32c of the block's bytes (0 for zeroes).
+    pub(crate) crc: u32,
+    pub(crate) zeroes: bool,
+}
+
+pub(crate) struct Sidecar {
+    data: FileRef,
+    index: FileRef,
+    /// Block number -> slot.
+    pub(crate) slots: BTreeMap<u32, Slot>,
+    /// Entries in the index file.
+    count: u32,
+}
+
+impl Sidecar {
+    /// Opens (creating with `create`) the two files and keeps the index entries up to
+    /// the first that does not check.
+    pub(crate) fn open(
+        disk: &dyn Disk,
+        data: &Path,
+        index: &Path,
+        create: bool,
+    ) -> io::Result<Sidecar> {
+        let index = disk.open(index, create)?;
+        let data = disk.open(data, create)?;
+        let mut raw = vec![0u8; index.size()? as usize];
+        disk::read_at(&*index, &mut raw, 0)?;
+        let mut sidecar = Sidecar {
+            data,
+            index,
+            slots: BTreeMap::new(),
+            count: 0,
+        };
+        for entry in raw.chunks_exact(ENTRY_BYTES as usize) {
+            let Some((block, slot)) = decode(entry, sidecar.count) else {
+                break;
+            };
+            if sidecar.slots.contains_key(&block) {
+                // A block has one entry: this is a tail from before, past a torn one.
+                break;
+            }
+            sidecar.slots.insert(block, slot);
+            sidecar.count += 1;
+        }
+        Ok(sidecar)
+    }
+
+    /// Writes block `block` as retained by the change of version `tag`: in its slot if
+    /// it has one (a replay), else in the next one. `None` data: all zeroes.
+    pub(crate) fn put(&mut self, block: u32, tag: u64, data: Option<&[u8]>) -> io::Result<()> {
+        let slot = match self.slots.get(&block) {
+            Some(slot) => Slot {
+                tag,
+                crc: data.map_or(0, crc32c::crc32c),
+                zeroes: data.is_none(),
+                ordinal: slot.ordinal,
+            },
+            None => {
+                let ordinal = self.count;
+                self.count = self.count.checked_add(1).expect("slots fit in u32");
+                Slot {
+                    ordinal,
+                    tag,
+                    crc: data.map_or(0, crc32c::crc32c),
+                    zeroes: data.is_none(),
+                }
+            }
+        };
+        if let Some(data) = data {
+            assert_eq!(data.len() as u64, BLOCK_BYTES, "retained blocks are whole");
+            self.data
+                .write_all_at(data, slot.ordinal as u64 * BLOCK_BYTES)?;
+        }
+        self.index
+            .write_all_at(&encode(block, &slot), slot.ordinal as u64 * ENTRY_BYTES)?;
+        self.slots.insert(block, slot);
+        Ok(())
+    }
+
+    /// The bytes of a retained block, `None` when they fail their checksum.
+    pub(crate) fn read(&self, slot: &Slot) -> io::Result<Option<Vec<u8>>> {
+        let mut out = vec![0u8; BLOCK_BYTES as usize];
+        if slot.zeroes {
+            return Ok(Some(out));
+        }
+        disk::read_at(&*self.data, &mut out, slot.ordinal as u64 * BLOCK_BYTES)?;
+        Ok((crc32c::crc32c(&out) == slot.crc).then_some(out))
+    }
+
+    pub(crate) fn sync(&self) -> io::Result<()> {
+        self.data.sync_data()?;
+        self.index.sync_data()
+    }
+
+    /// Bytes of retained data held.
+    pub(crate) fn data_bytes(&self) -> u64 {
+        self.slots.values().filter(|s| !s.zeroes).count() as u64 * BLOCK_BYTES
+    }
+}
+
+fn encode(block: u32, slot: &Slot) -> [u8; ENTRY_BYTES as usize] {
+    let mut out = [0u8; ENTRY_BYTES as usize];
+    let mut w = &mut out[..];
+    w.put_u32_le(block);
+    w.put_u32_le(if slot.zeroes { ZEROES } else { 0 });
+    w.put_u64_le(slot.tag);
+    w.put_u32_le(slot.crc);
+    let crc = crc32c::crc32c(&out[..28]);
+    out[28..].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn decode(raw: &[u8], ordinal: u32) -> Option<(u32, Slot)> {
+    if crc32c::crc32c(&raw[..28]) != (&raw[28..]).get_u32_le() {
+        return None;
+    }
+    let mut r = raw;
+    let block = r.get_u32_le();
+    let flags = r.get_u32_le();
+    let slot = Slot {
+        ordinal,
+        tag: r.get_u64_le(),
+        crc: r.get_u32_le(),
+        zeroes: flags & ZEROES != 0,
+    };
+    Some((block, slot))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::RealDisk;
+
+    #[test]
+    fn entries_survive_a_reopen_and_a_torn_tail_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, index) = (dir.path().join("d"), dir.path().join("i"));
+        let mut sidecar = Sidecar::open(&RealDisk, &data, &index, true).unwrap();
+        sidecar.put(7, 100, Some(&[7u8; 4096])).unwrap();
+        sidecar.put(3, 101, None).unwrap();
+        sidecar.put(9, 102, Some(&[9u8; 4096])).unwrap();
+        // The middle entry torn: the last is forgotten with it.
+        let file = RealDisk.open(&index, false).unwrap();
+        file.write_all_at(&[0xff], ENTRY_BYTES + 5).unwrap();
+        let mut back = Sidecar::open(&RealDisk, &data, &index, false).unwrap();
+        assert_eq!(back.slots.len(), 1);
+        let slot = back.slots[&7];
+        assert_eq!(back.read(&slot).unwrap(), Some(vec![7u8; 4096]));
+        // A replay writes them again, each into the slot it had.
+        back.put(3, 101, None).unwrap();
+        back.put(9, 102, Some(&[9u8; 4096])).unwrap();
+        assert_eq!(back.slots[&3].ordinal, 1);
+        assert_eq!(back.slots[&9].ordinal, 2);
+        assert_eq!(back.read(&back.slots[&3]).unwrap(), Some(vec![0u8; 4096]));
+        // A block whose bytes rotted reads as failing its checksum.
+        let file = RealDisk.open(&data, false).unwrap();
+        file.write_all_at(&[1], 2 * BLOCK_BYTES + 9).unwrap();
+        assert_eq!(back.read(&back.slots[&9]).unwrap(), None);
+        assert_eq!(back.data_bytes(), 2 * BLOCK_BYTES);
+    }
+}

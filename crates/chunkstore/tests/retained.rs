@@ -1,0 +1,187 @@
+//! Retained blocks through the store's API: what a change retains, across a reopen
+//! and a release, and what a store refuses. Power cuts are in `power_cut.rs`.
+
+use bytes::Bytes;
+use floe_chunkstore::space::Room;
+use floe_chunkstore::{
+    ChunkMeta, Durability, JournalDir, Options, RetainedBlock, RetainedEntry, Store, StoreError,
+    RETAIN_CHANGE_BYTES_MAX,
+};
+use floe_protocol::ChunkId;
+
+const CHUNK: ChunkId = ChunkId {
+    volume_id: 7,
+    index: 3,
+};
+const BLOCK: u64 = 4096;
+
+fn version(version: u64) -> ChunkMeta {
+    ChunkMeta { view: 1, version }
+}
+
+async fn write(store: &Store, offset: u64, byte: u8, length: u64, v: u64, retain: Option<u32>) {
+    let reservation = store.reserve_write(offset, length, Room::Normal).unwrap();
+    let data = Bytes::from(vec![byte; length as usize]);
+    store
+        .write_reserved(
+            reservation,
+            CHUNK,
+            offset,
+            data,
+            version(v),
+            Durability::Synced,
+            retain,
+        )
+        .await
+        .unwrap();
+}
+
+/// A retained block as runs of (byte, count), so a mismatch prints short; `[]` for
+/// zeroes kept without data.
+async fn retained(store: &Store, epoch: u32, offset: u64) -> Option<Vec<(u8, usize)>> {
+    let block = store.read_retained(CHUNK, epoch, offset).await.unwrap()?;
+    let RetainedBlock::Data(data) = block else {
+        return Some(Vec::new());
+    };
+    assert_eq!(data.len() as u64, BLOCK);
+    let mut runs: Vec<(u8, usize)> = Vec::new();
+    for &byte in data.iter() {
+        match runs.last_mut() {
+            Some((b, n)) if *b == byte => *n += 1,
+            _ => runs.push((byte, 1)),
+        }
+    }
+    Some(runs)
+}
+
+fn block(runs: &[(u8, usize)]) -> Option<Vec<(u8, usize)>> {
+    Some(runs.to_vec())
+}
+
+#[tokio::test]
+async fn a_change_retains_each_block_once_per_epoch_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        write(&store, 0, 0xaa, 2 * BLOCK, 1, None).await;
+        // Epoch 1's first overwrite of block 0 (partly) and of block 1: both whole.
+        write(&store, 100, 0xbb, BLOCK, 2, Some(1)).await;
+        assert_eq!(retained(&store, 1, 0).await, block(&[(0xaa, 4096)]));
+        assert_eq!(retained(&store, 1, BLOCK).await, block(&[(0xaa, 4096)]));
+        // Its second is not retained; epoch 2's first is, with epoch 1's bytes.
+        write(&store, 0, 0xcc, BLOCK, 3, Some(1)).await;
+        write(&store, 0, 0xdd, BLOCK, 4, Some(2)).await;
+        assert_eq!(retained(&store, 1, 0).await, block(&[(0xaa, 4096)]));
+        assert_eq!(retained(&store, 2, 0).await, block(&[(0xcc, 4096)]));
+        // A block never written is retained as zeroes; a zero retains too.
+        write(&store, 8 * BLOCK, 0xee, BLOCK, 5, Some(2)).await;
+        let reservation = store.reserve_zero(BLOCK, 10, false).unwrap();
+        store
+            .zero_reserved(reservation, CHUNK, BLOCK, 10, false, version(6), Some(2))
+            .await
+            .unwrap();
+        assert_eq!(retained(&store, 2, 8 * BLOCK).await, block(&[]));
+        assert_eq!(
+            retained(&store, 2, BLOCK).await,
+            block(&[(0xbb, 100), (0xaa, 3996)])
+        );
+        assert_eq!(retained(&store, 2, 2 * BLOCK).await, None);
+        assert_eq!(retained(&store, 3, 0).await, None);
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let entry = |epoch, offset, tag, zeroes| RetainedEntry {
+        epoch,
+        offset,
+        tag,
+        zeroes,
+    };
+    assert_eq!(
+        store.retained(CHUNK),
+        vec![
+            entry(1, 0, 2, false),
+            entry(1, BLOCK, 2, false),
+            entry(2, 0, 4, false),
+            entry(2, BLOCK, 6, false),
+            entry(2, 8 * BLOCK, 5, true),
+        ]
+    );
+    assert_eq!(retained(&store, 2, 0).await, block(&[(0xcc, 4096)]));
+    assert!(store.used_bytes() >= 4 * BLOCK + 3 * BLOCK);
+    store.release_retained(CHUNK, 0..=1).await.unwrap();
+    assert_eq!(retained(&store, 1, 0).await, None);
+    assert_eq!(store.retained(CHUNK).len(), 3);
+    store.release_retained(CHUNK, 0..=u32::MAX).await.unwrap();
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.retained(CHUNK), vec![]);
+    // Released, the next overwrite in epoch 1 retains again.
+    write(&store, 0, 0x11, BLOCK, 7, Some(1)).await;
+    assert_eq!(retained(&store, 1, 0).await, block(&[(0xdd, 4096)]));
+}
+
+#[tokio::test]
+async fn rotten_retained_bytes_are_never_read_as_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    write(&store, 0, 0xaa, BLOCK, 1, None).await;
+    write(&store, 0, 0xbb, BLOCK, 2, Some(1)).await;
+    store.sync().await.unwrap();
+    let path = dir
+        .path()
+        .join(format!("chunks/{:016x}/{:016x}.r00000001", 7, 3));
+    let mut raw = std::fs::read(&path).unwrap();
+    raw[9] ^= 1;
+    std::fs::write(&path, raw).unwrap();
+    let read = store.read_retained(CHUNK, 1, 0).await;
+    assert!(
+        matches!(read, Err(StoreError::Corrupt { offset: 0, .. })),
+        "{read:?}"
+    );
+    assert_eq!(store.take_corrupt(), vec![(CHUNK, 0)]);
+}
+
+#[tokio::test]
+async fn stores_that_cannot_retain_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let too_long = RETAIN_CHANGE_BYTES_MAX + BLOCK;
+    let reservation = store.reserve_zero(0, too_long, true).unwrap();
+    let refused = store
+        .zero_reserved(reservation, CHUNK, 0, too_long, true, version(1), Some(1))
+        .await;
+    assert!(
+        matches!(&refused, Err(StoreError::Unsupported(m)) if m.contains("split it")),
+        "{refused:?}"
+    );
+    drop(store);
+    let data = tempfile::tempdir().unwrap();
+    let ssd = tempfile::tempdir().unwrap();
+    let options = Options {
+        journal_dirs: vec![JournalDir {
+            dir: ssd.path().to_path_buf(),
+            quota_bytes: 4 << 20,
+        }],
+        local_journal_quota_bytes: 4 << 20,
+        ..Options::default()
+    };
+    let hybrid = Store::open_with(data.path(), &options).unwrap();
+    let reservation = hybrid.reserve_write(0, BLOCK, Room::Normal).unwrap();
+    let data = Bytes::from(vec![1u8; BLOCK as usize]);
+    let refused = hybrid
+        .write_reserved(
+            reservation,
+            CHUNK,
+            0,
+            data,
+            version(1),
+            Durability::Synced,
+            Some(1),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(StoreError::Unsupported(m)) if m.contains("plain store")),
+        "{refused:?}"
+    );
+    // Refused before it was logged: the chunk did not change.
+    assert_eq!(hybrid.meta(CHUNK), ChunkMeta::default());
+}
