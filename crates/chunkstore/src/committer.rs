@@ -291,7 +291,7 @@ impl Committer {
                 file.sync()?;
             }
         }
-        self.files.retained.sync(&self.dirty_retained)?;
+        self.files.retained.save(&self.dirty_retained)?;
         for dir in &self.dirty_dirs {
             self.files.sync_dir(dir)?;
         }

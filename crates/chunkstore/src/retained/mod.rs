@@ -10,7 +10,8 @@
 //!   a change that survives has its old blocks.
 //! - Applying a `Retain` record appends the block to the chunk's sidecar for that
 //!   epoch ([`sidecar`]): `chunks/VOLUME/INDEX.rEPOCH` (data) and `.iEPOCH` (index).
-//!   Checkpoints sync the sidecars before the log forgets their records.
+//!   Checkpoints write the index entries and sync the sidecars before the log
+//!   forgets their records.
 //! - A `Release` record drops a chunk's sidecars of a range of epochs (a replica
 //!   dropped, or epochs no snapshot reads); deleting a volume drops its sidecars with
 //!   its chunk files.
@@ -204,12 +205,13 @@ impl Retained {
             .retain(|(chunk, _), _| chunk.volume_id != volume_id);
     }
 
-    /// Makes the named sidecars durable; released ones are gone already.
-    pub(crate) fn sync(&self, dirty: &BTreeSet<(ChunkId, u32)>) -> io::Result<()> {
-        let sidecars = self.sidecars.lock().unwrap();
+    /// Saves the named sidecars' index entries and makes them durable (a checkpoint);
+    /// released ones are gone already.
+    pub(crate) fn save(&self, dirty: &BTreeSet<(ChunkId, u32)>) -> io::Result<()> {
+        let mut sidecars = self.sidecars.lock().unwrap();
         for key in dirty {
-            if let Some(sidecar) = sidecars.get(key) {
-                sidecar.sync()?;
+            if let Some(sidecar) = sidecars.get_mut(key) {
+                sidecar.save()?;
             }
         }
         Ok(())

@@ -9,12 +9,13 @@
 //! retained it, `flags` bit 0 "the block was all zeroes" (its slot is never written).
 //! The crc covers the entry's first 28 bytes.
 //!
-//! Crash safety comes from the log: every entry appended since the last checkpoint
-//! has its `Retain` record there, and a checkpoint syncs both files before the log
-//! forgets. Opening keeps the entries up to the first one that does not check (a
-//! power cut may keep any subset of unsynced writes); replaying the log then writes
-//! each record again, in place where its entry survived, appended where not, so every
-//! entry gets back the slot it had.
+//! Crash safety comes from the log: every block retained since the last checkpoint
+//! has its `Retain` record there. Its data goes to its slot at once (readers want
+//! it), its index entry only at the checkpoint ([`Sidecar::save`], one write for all
+//! of them), which syncs both files before the log forgets. Opening keeps the entries
+//! up to the first one that does not check (a checkpoint cut short may leave a torn
+//! tail); replaying the log then writes each record again, in place where its entry
+//! survived, appended where not, so every block gets back the slot it had.
 
 use crate::disk::{self, Disk, FileRef};
 use bytes::{Buf, BufMut};
@@ -42,8 +43,11 @@ pub(crate) struct Sidecar {
     index: FileRef,
     /// Block number -> slot.
     pub(crate) slots: BTreeMap<u32, Slot>,
-    /// Entries in the index file.
+    /// Slots taken.
     count: u32,
+    /// Entries in the index file: the blocks of slots from here on are in `unsaved`.
+    saved: u32,
+    unsaved: Vec<u32>,
 }
 
 impl Sidecar {
@@ -64,6 +68,8 @@ impl Sidecar {
             index,
             slots: BTreeMap::new(),
             count: 0,
+            saved: 0,
+            unsaved: Vec::new(),
         };
         for entry in raw.chunks_exact(ENTRY_BYTES as usize) {
             let Some((block, slot)) = decode(entry, sidecar.count) else {
@@ -76,38 +82,51 @@ impl Sidecar {
             sidecar.slots.insert(block, slot);
             sidecar.count += 1;
         }
+        sidecar.saved = sidecar.count;
         Ok(sidecar)
     }
 
     /// Writes block `block` as retained by the change of version `tag`: in its slot if
-    /// it has one (a replay), else in the next one. `None` data: all zeroes.
+    /// it has one (a replay), else in the next one. `None` data: all zeroes. Its index
+    /// entry waits for [`Sidecar::save`].
     pub(crate) fn put(&mut self, block: u32, tag: u64, data: Option<&[u8]>) -> io::Result<()> {
-        let slot = match self.slots.get(&block) {
-            Some(slot) => Slot {
-                tag,
-                crc: data.map_or(0, crc32c::crc32c),
-                zeroes: data.is_none(),
-                ordinal: slot.ordinal,
-            },
-            None => {
-                let ordinal = self.count;
-                self.count = self.count.checked_add(1).expect("slots fit in u32");
-                Slot {
-                    ordinal,
-                    tag,
-                    crc: data.map_or(0, crc32c::crc32c),
-                    zeroes: data.is_none(),
-                }
-            }
+        let existing = self.slots.get(&block).map(|slot| slot.ordinal);
+        let slot = Slot {
+            ordinal: existing.unwrap_or(self.count),
+            tag,
+            crc: data.map_or(0, crc32c::crc32c),
+            zeroes: data.is_none(),
         };
+        // Nothing changes in memory until the writes succeeded.
         if let Some(data) = data {
             assert_eq!(data.len() as u64, BLOCK_BYTES, "retained blocks are whole");
             self.data
                 .write_all_at(data, slot.ordinal as u64 * BLOCK_BYTES)?;
         }
-        self.index
-            .write_all_at(&encode(block, &slot), slot.ordinal as u64 * ENTRY_BYTES)?;
+        if slot.ordinal < self.saved {
+            self.index
+                .write_all_at(&encode(block, &slot), slot.ordinal as u64 * ENTRY_BYTES)?;
+        }
+        if existing.is_none() {
+            self.count = self.count.checked_add(1).expect("slots fit in u32");
+            self.unsaved.push(block);
+        }
         self.slots.insert(block, slot);
+        Ok(())
+    }
+
+    /// Writes the index entries not yet saved, then makes both files durable.
+    pub(crate) fn save(&mut self) -> io::Result<()> {
+        let mut entries = Vec::with_capacity(self.unsaved.len() * ENTRY_BYTES as usize);
+        for block in &self.unsaved {
+            entries.extend_from_slice(&encode(*block, &self.slots[block]));
+        }
+        self.index
+            .write_all_at(&entries, self.saved as u64 * ENTRY_BYTES)?;
+        self.data.sync_data()?;
+        self.index.sync_data()?;
+        self.saved = self.count;
+        self.unsaved.clear();
         Ok(())
     }
 
@@ -119,11 +138,6 @@ impl Sidecar {
         }
         disk::read_at(&*self.data, &mut out, slot.ordinal as u64 * BLOCK_BYTES)?;
         Ok((crc32c::crc32c(&out) == slot.crc).then_some(out))
-    }
-
-    pub(crate) fn sync(&self) -> io::Result<()> {
-        self.data.sync_data()?;
-        self.index.sync_data()
     }
 
     /// Bytes of retained data held.
@@ -173,6 +187,9 @@ mod tests {
         sidecar.put(7, 100, Some(&[7u8; 4096])).unwrap();
         sidecar.put(3, 101, None).unwrap();
         sidecar.put(9, 102, Some(&[9u8; 4096])).unwrap();
+        let unsaved = Sidecar::open(&RealDisk, &data, &index, false).unwrap();
+        assert!(unsaved.slots.is_empty(), "entries wait for the checkpoint");
+        sidecar.save().unwrap();
         // The middle entry torn: the last is forgotten with it.
         let file = RealDisk.open(&index, false).unwrap();
         file.write_all_at(&[0xff], ENTRY_BYTES + 5).unwrap();
@@ -183,6 +200,8 @@ mod tests {
         // A replay writes them again, each into the slot it had.
         back.put(3, 101, None).unwrap();
         back.put(9, 102, Some(&[9u8; 4096])).unwrap();
+        back.save().unwrap();
+        let back = Sidecar::open(&RealDisk, &data, &index, false).unwrap();
         assert_eq!(back.slots[&3].ordinal, 1);
         assert_eq!(back.slots[&9].ordinal, 2);
         assert_eq!(back.read(&back.slots[&3]).unwrap(), Some(vec![0u8; 4096]));
