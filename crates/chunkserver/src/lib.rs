@@ -95,7 +95,8 @@ pub(crate) struct ChunkServer {
     generations: Mutex<BTreeMap<u64, u32>>,
 }
 
-/// A change to a chunk, as the store takes it; `epoch` is the writer's snapshot epoch.
+/// A change to a chunk, as the store takes it; `epoch` is the writer's snapshot epoch,
+/// `retain` keeps what it overwrites first in that epoch (see [`Request::Write`]).
 #[derive(Clone)]
 enum Change {
     /// `unsynced`: acknowledged once logged (see [`Request::Write`]).
@@ -103,11 +104,13 @@ enum Change {
         data: Bytes,
         unsynced: bool,
         epoch: u32,
+        retain: bool,
     },
     Zero {
         length: u64,
         punch: bool,
         epoch: u32,
+        retain: bool,
     },
 }
 
@@ -125,12 +128,22 @@ impl Change {
         }
     }
 
+    /// The epoch the store retains for, if any.
+    fn retain(&self) -> Option<u32> {
+        match self {
+            Change::Write { epoch, retain, .. } | Change::Zero { epoch, retain, .. } => {
+                retain.then_some(*epoch)
+            }
+        }
+    }
+
     fn request(&self, chunk: ChunkId, stamp: Stamp, offset: u64, forward: Vec<String>) -> Request {
         match self {
             Change::Write {
                 data,
                 unsynced,
                 epoch,
+                retain,
             } => Request::Write {
                 chunk,
                 stamp,
@@ -138,6 +151,7 @@ impl Change {
                 epoch: *epoch,
                 catch_up: false,
                 unsynced: *unsynced,
+                retain: *retain,
                 forward,
                 data: data.clone(),
             },
@@ -145,6 +159,7 @@ impl Change {
                 length,
                 punch,
                 epoch,
+                retain,
             } => Request::Zero {
                 chunk,
                 stamp,
@@ -152,6 +167,7 @@ impl Change {
                 length: *length,
                 epoch: *epoch,
                 punch: *punch,
+                retain: *retain,
                 forward,
             },
         }
@@ -458,6 +474,12 @@ impl ChunkServer {
         change: Change,
         room: Room,
     ) -> Response {
+        if change.retain() == Some(0) {
+            return Response::error(
+                Status::BadRequest,
+                "a change retains for a snapshot epoch, and epoch 0 has no snapshot",
+            );
+        }
         if offset
             .checked_add(change.length())
             .is_none_or(|end| end > CHUNK_BYTES_MAX)
@@ -529,6 +551,7 @@ impl ChunkServer {
         self.saw_generation(chunk.volume_id, generation_of(stamp.version));
         // Wake the change queued behind this one now: the store keeps submission order.
         slot.changed.notify_waiters();
+        let retain = change.retain();
         let result = match change {
             // What a writer sends in place of a change every replica refused for
             // space: the version, nothing else, keeps the chunk's versions in sequence.
@@ -539,12 +562,12 @@ impl ChunkServer {
                     false => Durability::Synced,
                 };
                 self.store
-                    .write_reserved(reservation, chunk, offset, data, meta, durability, None)
+                    .write_reserved(reservation, chunk, offset, data, meta, durability, retain)
                     .await
             }
             Change::Zero { length, punch, .. } => {
                 self.store
-                    .zero_reserved(reservation, chunk, offset, length, punch, meta, None)
+                    .zero_reserved(reservation, chunk, offset, length, punch, meta, retain)
                     .await
             }
         };
@@ -901,6 +924,10 @@ impl ChunkServer {
                     )
                     .await
                     .map_err(control_store_error)?;
+                self.store
+                    .release_retained(chunk, 0..=u32::MAX)
+                    .await
+                    .map_err(control_store_error)?;
                 tracing::info!(?chunk, view, "replica moved away: data freed");
                 Ok(ReplicaResponse::Done)
             }
@@ -931,6 +958,7 @@ impl Handler for ChunkServer {
                 epoch,
                 catch_up: true,
                 unsynced,
+                retain,
                 data,
                 ..
             } => {
@@ -938,6 +966,7 @@ impl Handler for ChunkServer {
                     data,
                     unsynced,
                     epoch,
+                    retain,
                 };
                 self.apply_local(chunk, stamp, offset, change, Room::CatchUp)
                     .await
@@ -948,6 +977,7 @@ impl Handler for ChunkServer {
                 offset,
                 epoch,
                 unsynced,
+                retain,
                 forward,
                 data,
                 ..
@@ -956,6 +986,7 @@ impl Handler for ChunkServer {
                     data,
                     unsynced,
                     epoch,
+                    retain,
                 };
                 self.replicate(chunk, stamp, offset, change, forward).await
             }
@@ -966,12 +997,14 @@ impl Handler for ChunkServer {
                 length,
                 epoch,
                 punch,
+                retain,
                 forward,
             } => {
                 let change = Change::Zero {
                     length,
                     punch,
                     epoch,
+                    retain,
                 };
                 self.replicate(chunk, stamp, offset, change, forward).await
             }
@@ -1036,6 +1069,7 @@ mod tests {
             epoch: 0,
             catch_up: false,
             unsynced: false,
+            retain: false,
             forward: Vec::new(),
             data: Bytes::from(vec![0xab; 4096]),
         }
@@ -1163,6 +1197,66 @@ mod tests {
         }
 
         fn forget(&self, _: &str) {}
+    }
+
+    #[tokio::test]
+    async fn a_retaining_change_keeps_old_blocks_on_every_replica_until_dropped() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let backup = server(b.path());
+        let primary = server_over(a.path(), ConnectionPool::over(Arc::new(To(backup.clone()))));
+        let v1 = next_version(0, 1);
+        let v2 = next_version(v1, 1);
+        let v3 = next_version(v2, 1);
+        let response = primary.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        let response = backup.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        let retaining = |prev, version, epoch| {
+            let mut request = at_epoch(write(CHUNK, 0, prev, version, 0), epoch);
+            if let Request::Write {
+                retain,
+                forward,
+                data,
+                ..
+            } = &mut request
+            {
+                *retain = true;
+                *forward = vec!["backup".into()];
+                *data = Bytes::from(vec![0xcd; 4096]);
+            }
+            request
+        };
+        // Epoch 0 has no snapshot to retain for.
+        let refused = primary.clone().handle(retaining(v1, v2, 0)).await;
+        assert_eq!(status(&refused), Some(Status::BadRequest), "{refused:?}");
+        // The primary forwards the flag: both replicas keep the block as it was.
+        let response = primary.clone().handle(retaining(v1, v2, 1)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        for server in [&primary, &backup] {
+            let entries = server.store.retained(CHUNK);
+            assert_eq!(entries.len(), 1, "{entries:?}");
+            assert_eq!((entries[0].epoch, entries[0].tag), (1, v2));
+            let old = server.store.read_retained(CHUNK, 1, 0).await.unwrap();
+            assert_eq!(
+                old,
+                Some(floe_chunkstore::RetainedBlock::Data(Bytes::from(vec![
+                    0xab;
+                    4096
+                ])))
+            );
+        }
+        let response = primary.clone().handle(retaining(v2, v3, 1)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        assert_eq!(primary.store.retained(CHUNK).len(), 1, "once per epoch");
+        // A replica moved away frees its retained blocks with its data.
+        let drop = ReplicaRequest::DropChunk {
+            chunk: CHUNK,
+            view: 1,
+        };
+        let response = backup.clone().handle(Request::Replica(drop)).await;
+        assert!(matches!(response, Response::Replica(_)), "{response:?}");
+        assert_eq!(backup.store.retained(CHUNK), vec![]);
+        assert_eq!(primary.store.retained(CHUNK).len(), 1);
     }
 
     #[tokio::test]

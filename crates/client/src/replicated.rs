@@ -249,6 +249,7 @@ fn no_op(chunk: ChunkId, stamp: Stamp, epoch: u32) -> Request {
         epoch,
         catch_up: false,
         unsynced: false,
+        retain: false,
         forward: Vec::new(),
         data: Bytes::new(),
     }
@@ -1207,6 +1208,7 @@ impl ChunkIo for ReplicatedChunks {
                 epoch,
                 catch_up: false,
                 unsynced,
+                retain: false,
                 forward,
                 data: data.clone(),
             })
@@ -1232,6 +1234,7 @@ impl ChunkIo for ReplicatedChunks {
             length,
             epoch,
             punch,
+            retain: false,
             forward,
         })
         .await

@@ -23,6 +23,10 @@ pub(crate) const KIND_TRANSACTION: u16 = 7;
 /// Bits of a write's flags byte.
 const WRITE_CATCH_UP: u8 = 1;
 const WRITE_UNSYNCED: u8 = 2;
+const WRITE_RETAIN: u8 = 4;
+/// Bits of a zero's flags byte.
+const ZERO_PUNCH: u8 = 1;
+const ZERO_RETAIN: u8 = 2;
 
 /// Bounds the backup list a primary will forward to.
 pub const FORWARD_MAX: usize = 8;
@@ -48,6 +52,9 @@ pub enum Request {
         /// power cut of the replica may still take it until a
         /// [`ReplicaRequest::Sync`] covering it returned.
         unsynced: bool,
+        /// Each replica keeps the blocks it overwrites first in `epoch` as they were
+        /// (for the snapshots before it), in the same change.
+        retain: bool,
         forward: Vec<String>,
         data: Bytes,
     },
@@ -70,6 +77,8 @@ pub enum Request {
         /// As a write's.
         epoch: u32,
         punch: bool,
+        /// As a write's.
+        retain: bool,
         forward: Vec<String>,
     },
     /// A request to the master.
@@ -627,6 +636,7 @@ impl Request {
                 epoch,
                 catch_up,
                 unsynced,
+                retain,
                 forward,
                 data: d,
             } => {
@@ -635,7 +645,9 @@ impl Request {
                 f.put_u64_le(*offset);
                 f.put_u32_le(*epoch);
                 f.put_u8(
-                    (u8::from(*catch_up) * WRITE_CATCH_UP) | (u8::from(*unsynced) * WRITE_UNSYNCED),
+                    (u8::from(*catch_up) * WRITE_CATCH_UP)
+                        | (u8::from(*unsynced) * WRITE_UNSYNCED)
+                        | (u8::from(*retain) * WRITE_RETAIN),
                 );
                 put_forward(&mut f, forward);
                 data = d.clone();
@@ -662,6 +674,7 @@ impl Request {
                 length,
                 epoch,
                 punch,
+                retain,
                 forward,
             } => {
                 put_chunk(&mut f, *chunk);
@@ -669,7 +682,7 @@ impl Request {
                 f.put_u64_le(*offset);
                 f.put_u64_le(*length);
                 f.put_u32_le(*epoch);
-                f.put_u8(*punch as u8);
+                f.put_u8((u8::from(*punch) * ZERO_PUNCH) | (u8::from(*retain) * ZERO_RETAIN));
                 put_forward(&mut f, forward);
                 KIND_ZERO
             }
@@ -705,7 +718,7 @@ impl Request {
                 let offset = r.u64()?;
                 let epoch = r.u32()?;
                 let flags = r.u8()?;
-                if flags & !(WRITE_CATCH_UP | WRITE_UNSYNCED) != 0 {
+                if flags & !(WRITE_CATCH_UP | WRITE_UNSYNCED | WRITE_RETAIN) != 0 {
                     return Err(FrameError::Malformed(r.what));
                 }
                 let forward = r.forward()?;
@@ -717,6 +730,7 @@ impl Request {
                     epoch,
                     catch_up: flags & WRITE_CATCH_UP != 0,
                     unsynced: flags & WRITE_UNSYNCED != 0,
+                    retain: flags & WRITE_RETAIN != 0,
                     forward,
                     data,
                 }
@@ -728,15 +742,24 @@ impl Request {
                 min_version: r.u64()?,
                 max_version: r.u64()?,
             },
-            KIND_ZERO => Request::Zero {
-                chunk: r.chunk()?,
-                stamp: r.stamp()?,
-                offset: r.u64()?,
-                length: r.u64()?,
-                epoch: r.u32()?,
-                punch: r.u8()? != 0,
-                forward: r.forward()?,
-            },
+            KIND_ZERO => {
+                let (chunk, stamp, offset, length, epoch) =
+                    (r.chunk()?, r.stamp()?, r.u64()?, r.u64()?, r.u32()?);
+                let flags = r.u8()?;
+                if flags & !(ZERO_PUNCH | ZERO_RETAIN) != 0 {
+                    return Err(FrameError::Malformed(r.what));
+                }
+                Request::Zero {
+                    chunk,
+                    stamp,
+                    offset,
+                    length,
+                    epoch,
+                    punch: flags & ZERO_PUNCH != 0,
+                    retain: flags & ZERO_RETAIN != 0,
+                    forward: r.forward()?,
+                }
+            }
             KIND_MASTER => Request::Master(r.json()?),
             KIND_REPLICA => {
                 let request: ReplicaRequest = r.json()?;
@@ -852,6 +875,7 @@ mod tests {
             epoch: 3,
             catch_up: true,
             unsynced: false,
+            retain: true,
             forward: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
             data: Bytes::from(vec![5u8; 4096]),
         });
@@ -862,6 +886,7 @@ mod tests {
             epoch: 0,
             catch_up: false,
             unsynced: true,
+            retain: false,
             forward: Vec::new(),
             data: Bytes::from(vec![6u8; 512]),
         });
@@ -879,7 +904,18 @@ mod tests {
             length: 1 << 20,
             epoch: u32::MAX,
             punch: true,
+            retain: true,
             forward: vec![],
+        });
+        roundtrip(Request::Zero {
+            chunk,
+            stamp,
+            offset: 4096,
+            length: 512,
+            epoch: 1,
+            punch: false,
+            retain: false,
+            forward: vec!["127.0.0.1:3".into()],
         });
         roundtrip(Request::Master(MasterRequest::GetVolumeMap {
             name: "demo".into(),

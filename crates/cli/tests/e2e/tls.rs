@@ -104,6 +104,7 @@ fn a_tls_cluster_serves_its_clients_and_refuses_strangers() {
         epoch: 0,
         catch_up: false,
         unsynced: false,
+        retain: false,
         forward: Vec::new(),
         data: vec![0xee; 4096].into(),
     };
