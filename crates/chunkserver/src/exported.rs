@@ -61,7 +61,9 @@ impl Op {
                 (op, data.len() as u64)
             }
             Request::Zero { length, .. } => (Op::Zero, *length),
-            Request::Read { length, .. } => (Op::Read, u64::from(*length)),
+            Request::Read { length, .. } | Request::ReadAsOf { length, .. } => {
+                (Op::Read, u64::from(*length))
+            }
             Request::Replica(ReplicaRequest::Repair { .. }) => (Op::Repair, 0),
             _ => (Op::Control, 0),
         }

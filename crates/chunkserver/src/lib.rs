@@ -7,6 +7,7 @@
 //! One single-threaded event loop owns the connections and commits the log (Vitastor's
 //! habit on few cores), so the replica state below is never contended.
 
+mod as_of;
 mod exported;
 mod heal;
 mod repair;
@@ -1018,6 +1019,16 @@ impl Handler for ChunkServer {
                 self.read(chunk, offset, length, min_version..=max_version)
                     .await
             }
+            Request::ReadAsOf {
+                chunk,
+                epoch,
+                offset,
+                length,
+                min_version,
+            } => {
+                self.read_as_of(chunk, epoch, offset, length, min_version)
+                    .await
+            }
             Request::Replica(control) => match self.control(control).await {
                 Ok(reply) => Response::Replica(reply),
                 Err((status, message)) => Response::error(status, message),
@@ -1257,6 +1268,62 @@ mod tests {
         assert!(matches!(response, Response::Replica(_)), "{response:?}");
         assert_eq!(backup.store.retained(CHUNK), vec![]);
         assert_eq!(primary.store.retained(CHUNK).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_replica_reads_as_of_a_snapshot_only_past_changes_of_its_epoch_or_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        let v1 = next_version(0, 1);
+        let v2 = next_version(v1, 1);
+        let response = server.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        let mut overwrite = at_epoch(write(CHUNK, 0, v1, v2, 0), 1);
+        if let Request::Write { retain, data, .. } = &mut overwrite {
+            *retain = true;
+            *data = Bytes::from(vec![0xcd; 4096]);
+        }
+        let response = server.clone().handle(overwrite).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        let as_of = |epoch, min_version| {
+            let server = server.clone();
+            async move {
+                let read = Request::ReadAsOf {
+                    chunk: CHUNK,
+                    epoch,
+                    offset: 0,
+                    length: 4096,
+                    min_version,
+                };
+                server.handle(read).await
+            }
+        };
+        let old = Response::Data(Bytes::from(vec![0xab; 4096]));
+        let new = Response::Data(Bytes::from(vec![0xcd; 4096]));
+        // Snapshot 1 was taken before v2, an epoch 1 change that retained the block.
+        assert_eq!(as_of(1, v1).await, old);
+        assert_eq!(as_of(1, v2).await, old);
+        // Snapshot 2 holds v2; a reader that learned v1 missed a change of epoch 1.
+        assert_eq!(as_of(2, v2).await, new);
+        assert_eq!(status(&as_of(2, v1).await), Some(Status::Ahead));
+        assert_eq!(
+            status(&as_of(1, next_version(v2, 1)).await),
+            Some(Status::Behind)
+        );
+        assert_eq!(status(&as_of(0, v2).await), Some(Status::BadRequest));
+        // Restarted, the replica no longer knows the epochs past what it holds.
+        drop(server);
+        let server = self::server(dir.path());
+        let read = |min_version| Request::ReadAsOf {
+            chunk: CHUNK,
+            epoch: 1,
+            offset: 0,
+            length: 4096,
+            min_version,
+        };
+        let untold = server.clone().handle(read(v1)).await;
+        assert_eq!(status(&untold), Some(Status::Ahead), "{untold:?}");
+        assert_eq!(server.clone().handle(read(v2)).await, old);
     }
 
     #[tokio::test]

@@ -402,11 +402,47 @@ impl Store {
         if self.files.unsynced.holds(chunk) {
             self.sync().await?;
         }
-        let read = self.files.retained.read(chunk, epoch, offset);
-        if let Err(StoreError::Corrupt { offset, place, .. }) = &read {
-            self.files.found_corrupt(chunk, *offset, place);
+        self.reported(self.files.retained.read(chunk, epoch, offset))
+    }
+
+    /// `result`, a block failing its checksum logged and kept for
+    /// [`Store::take_corrupt`].
+    fn reported<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Corrupt {
+            chunk,
+            offset,
+            place,
+        }) = &result
+        {
+            self.files.found_corrupt(*chunk, *offset, place);
         }
-        read
+        result
+    }
+
+    /// Reads a range as snapshot `epoch` has it: each 4 KiB block from the lowest
+    /// epoch from `epoch` on that retained it, else from the chunk (see
+    /// [`crate::retained`]). The caller keeps changes to the range out meanwhile.
+    pub async fn read_as_of(
+        &self,
+        chunk: ChunkId,
+        epoch: u32,
+        offset: u64,
+        length: u32,
+    ) -> Result<Bytes, StoreError> {
+        let live = self.read(chunk, offset, length).await?;
+        let end = offset + length as u64;
+        let mut out = BytesMut::from(&live[..]);
+        for at in (offset - offset % BLOCK_BYTES..end).step_by(BLOCK_BYTES as usize) {
+            let old = match self.reported(self.files.retained.as_of(chunk, epoch, at))? {
+                Some(RetainedBlock::Data(data)) => data,
+                Some(RetainedBlock::Zeroes) => Bytes::from(vec![0; BLOCK_BYTES as usize]),
+                None => continue,
+            };
+            let (from, to) = (at.max(offset), (at + BLOCK_BYTES).min(end));
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&old[(from - at) as usize..(to - at) as usize]);
+        }
+        Ok(out.freeze())
     }
 
     /// The chunk's retained blocks, by epoch and offset (those of unsynced changes
@@ -510,16 +546,7 @@ impl Store {
         offset: u64,
         length: u32,
     ) -> Result<Bytes, StoreError> {
-        let read = self.read_unreported(chunk, offset, length).await;
-        if let Err(StoreError::Corrupt {
-            chunk,
-            offset,
-            place,
-        }) = &read
-        {
-            self.files.found_corrupt(*chunk, *offset, place);
-        }
-        read
+        self.reported(self.read_unreported(chunk, offset, length).await)
     }
 
     /// [`Store::read`], leaving a corrupt block for the caller to report.

@@ -44,14 +44,19 @@ async fn retained(store: &Store, epoch: u32, offset: u64) -> Option<Vec<(u8, usi
         return Some(Vec::new());
     };
     assert_eq!(data.len() as u64, BLOCK);
+    Some(runs(&data))
+}
+
+/// Bytes as runs of (byte, count).
+fn runs(data: &[u8]) -> Vec<(u8, usize)> {
     let mut runs: Vec<(u8, usize)> = Vec::new();
-    for &byte in data.iter() {
+    for &byte in data {
         match runs.last_mut() {
             Some((b, n)) if *b == byte => *n += 1,
             _ => runs.push((byte, 1)),
         }
     }
-    Some(runs)
+    runs
 }
 
 fn block(runs: &[(u8, usize)]) -> Option<Vec<(u8, usize)>> {
@@ -117,6 +122,39 @@ async fn a_change_retains_each_block_once_per_epoch_across_a_reopen() {
     // Released, the next overwrite in epoch 1 retains again.
     write(&store, 0, 0x11, BLOCK, 7, Some(1)).await;
     assert_eq!(retained(&store, 1, 0).await, block(&[(0xdd, 4096)]));
+}
+
+#[tokio::test]
+async fn a_range_reads_as_a_snapshot_had_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    write(&store, 0, 0xaa, 3 * BLOCK, 1, None).await;
+    // Epoch 2 overwrites block 1, epoch 4 blocks 1 and 2 (block 1 as epoch 2 left it).
+    write(&store, BLOCK, 0xbb, BLOCK, 2, Some(2)).await;
+    write(&store, BLOCK, 0xcc, 2 * BLOCK, 3, Some(4)).await;
+    let as_of = |epoch, offset, length| {
+        let store = store.clone();
+        async move {
+            let data = store
+                .read_as_of(CHUNK, epoch, offset, length)
+                .await
+                .unwrap();
+            runs(&data)
+        }
+    };
+    let b = BLOCK as usize;
+    // Snapshots 1 and 2: before both; 3 and 4: after epoch 2's write; 5: now.
+    assert_eq!(as_of(1, 0, 3 * BLOCK as u32).await, vec![(0xaa, 3 * b)]);
+    assert_eq!(as_of(2, 0, 3 * BLOCK as u32).await, vec![(0xaa, 3 * b)]);
+    let after_two = vec![(0xaa, b), (0xbb, b), (0xaa, b)];
+    assert_eq!(as_of(3, 0, 3 * BLOCK as u32).await, after_two);
+    assert_eq!(as_of(4, 0, 3 * BLOCK as u32).await, after_two);
+    assert_eq!(
+        as_of(5, 0, 3 * BLOCK as u32).await,
+        vec![(0xaa, b), (0xcc, 2 * b)]
+    );
+    // Unaligned, across blocks.
+    assert_eq!(as_of(3, BLOCK - 10, 20).await, vec![(0xaa, 10), (0xbb, 10)]);
 }
 
 #[tokio::test]

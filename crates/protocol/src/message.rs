@@ -20,6 +20,7 @@ const KIND_REPLICA: u16 = 6;
 /// A gateway's transaction service (`crate::transaction`): its own requests, never
 /// sent to a master or a chunk server.
 pub(crate) const KIND_TRANSACTION: u16 = 7;
+const KIND_READ_AS_OF: u16 = 8;
 /// Bits of a write's flags byte.
 const WRITE_CATCH_UP: u8 = 1;
 const WRITE_UNSYNCED: u8 = 2;
@@ -67,6 +68,19 @@ pub enum Request {
         length: u32,
         min_version: u64,
         max_version: u64,
+    },
+    /// Reads a range of this server's replica as snapshot `epoch` has it: each block
+    /// from the lowest epoch from `epoch` on that retained it, else from the chunk.
+    /// The replica must hold at least `min_version`, a version the reader learned
+    /// after the snapshot was taken, and no change past it of an epoch below
+    /// `epoch` (an unacknowledged tail the snapshot may or may not come to hold:
+    /// `Ahead`, learn the version again).
+    ReadAsOf {
+        chunk: ChunkId,
+        epoch: u32,
+        offset: u64,
+        length: u32,
+        min_version: u64,
     },
     /// Zeroes a range; `punch` frees the space. Forwarded like a write.
     Zero {
@@ -667,6 +681,20 @@ impl Request {
                 f.put_u64_le(*max_version);
                 KIND_READ
             }
+            Request::ReadAsOf {
+                chunk,
+                epoch,
+                offset,
+                length,
+                min_version,
+            } => {
+                put_chunk(&mut f, *chunk);
+                f.put_u32_le(*epoch);
+                f.put_u64_le(*offset);
+                f.put_u32_le(*length);
+                f.put_u64_le(*min_version);
+                KIND_READ_AS_OF
+            }
             Request::Zero {
                 chunk,
                 stamp,
@@ -742,6 +770,13 @@ impl Request {
                 min_version: r.u64()?,
                 max_version: r.u64()?,
             },
+            KIND_READ_AS_OF => Request::ReadAsOf {
+                chunk: r.chunk()?,
+                epoch: r.u32()?,
+                offset: r.u64()?,
+                length: r.u32()?,
+                min_version: r.u64()?,
+            },
             KIND_ZERO => {
                 let (chunk, stamp, offset, length, epoch) =
                     (r.chunk()?, r.stamp()?, r.u64()?, r.u64()?, r.u32()?);
@@ -780,6 +815,7 @@ impl Request {
             Request::Hello { .. } => KIND_HELLO,
             Request::Write { .. } => KIND_WRITE,
             Request::Read { .. } => KIND_READ,
+            Request::ReadAsOf { .. } => KIND_READ_AS_OF,
             Request::Zero { .. } => KIND_ZERO,
             Request::Master(_) => KIND_MASTER,
             Request::Replica(_) => KIND_REPLICA,
@@ -832,7 +868,7 @@ impl Response {
         let response = match frame.kind {
             KIND_HELLO => Response::Hello { version: r.u32()? },
             KIND_WRITE | KIND_ZERO => Response::Done,
-            KIND_READ => Response::Data(std::mem::take(&mut r.buf)),
+            KIND_READ | KIND_READ_AS_OF => Response::Data(std::mem::take(&mut r.buf)),
             KIND_MASTER => Response::Master(r.json()?),
             KIND_REPLICA => Response::Replica(r.json()?),
             other => return Err(FrameError::UnknownKind(other)),
@@ -896,6 +932,13 @@ mod tests {
             length: 2,
             min_version: 3,
             max_version: u64::MAX,
+        });
+        roundtrip(Request::ReadAsOf {
+            chunk,
+            epoch: 4,
+            offset: 8192,
+            length: 4096,
+            min_version: 5,
         });
         roundtrip(Request::Zero {
             chunk,

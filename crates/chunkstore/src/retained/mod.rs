@@ -148,6 +148,29 @@ impl Retained {
         }
     }
 
+    /// The block at `offset` as snapshot `epoch` has it, if some epoch from `epoch` on
+    /// retained it: the lowest such epoch's copy, the block as that epoch first found
+    /// it, which no epoch between `epoch` and it changed.
+    pub(crate) fn as_of(
+        &self,
+        chunk: ChunkId,
+        epoch: u32,
+        offset: u64,
+    ) -> Result<Option<RetainedBlock>, StoreError> {
+        let block = block_of(offset);
+        let lowest = {
+            let sidecars = self.sidecars.lock().unwrap();
+            sidecars
+                .range((chunk, epoch)..=(chunk, u32::MAX))
+                .find(|(_, sidecar)| sidecar.slots.contains_key(&block))
+                .map(|(&(_, epoch), _)| epoch)
+        };
+        match lowest {
+            Some(lowest) => self.read(chunk, lowest, offset),
+            None => Ok(None),
+        }
+    }
+
     /// The chunk's retained blocks, ordered by epoch and offset.
     pub(crate) fn entries(&self, chunk: ChunkId) -> Vec<RetainedEntry> {
         let sidecars = self.sidecars.lock().unwrap();
