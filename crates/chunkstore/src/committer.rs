@@ -322,7 +322,7 @@ impl Committer {
             Kind::Intent,
             "an intent changes no replica's state"
         );
-        if matches!(header.kind, Kind::Retain | Kind::Release) {
+        if matches!(header.kind, Kind::Retain | Kind::Release | Kind::Trim) {
             return;
         }
         let mut metas = self.files.metas.lock().unwrap();
@@ -376,6 +376,12 @@ impl Committer {
                     .insert(layout::volume_dir(&self.files.dir, chunk.volume_id));
                 return Ok(());
             }
+            Kind::Trim => {
+                for epoch in self.files.retained.trim(chunk, header.version) {
+                    self.dirty_retained.insert((chunk, epoch));
+                }
+                return Ok(());
+            }
             _ => {}
         }
         // The chain takes the data instead of chunk files.
@@ -402,7 +408,7 @@ impl Committer {
                 return Ok(());
             }
             Kind::Write | Kind::Bypass | Kind::Zero | Kind::Punch => {}
-            Kind::Retain | Kind::Release => unreachable!("handled above"),
+            Kind::Retain | Kind::Release | Kind::Trim => unreachable!("handled above"),
         }
         assert_in_chunk(header);
         let existed = self.files.exists(chunk)?;

@@ -351,7 +351,7 @@ fn drop_superseded(journals: &Journals, header: &RecordHeader) -> Result<(), Sto
             Ok(())
         }
         Kind::Write | Kind::Stamp | Kind::Intent => Ok(()),
-        Kind::Retain | Kind::Release => unreachable!("hybrid stores do not retain"),
+        Kind::Retain | Kind::Release | Kind::Trim => unreachable!("hybrid stores do not retain"),
     }
 }
 
@@ -378,7 +378,9 @@ fn bypass_under_later_edges(batch: &mut [Change]) {
             }
             Kind::Stamp | Kind::DeleteVolume | Kind::Intent => continue,
             Kind::Bypass | Kind::Zero | Kind::Punch => {}
-            Kind::Retain | Kind::Release => unreachable!("hybrid stores do not retain"),
+            Kind::Retain | Kind::Release | Kind::Trim => {
+                unreachable!("hybrid stores do not retain")
+            }
         }
         if header.kind != Kind::Write {
             if !header.offset.is_multiple_of(SECTOR_BYTES) {

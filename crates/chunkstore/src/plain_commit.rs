@@ -10,7 +10,7 @@ use crate::layout;
 use crate::log_file::LogFile;
 use crate::meta;
 use crate::retained::capture::Retain;
-use crate::wal::{self, Kind, RecordHeader, RECORD_HEADER_BYTES};
+use crate::wal::{self, RecordHeader, RECORD_HEADER_BYTES};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -125,9 +125,10 @@ impl Committer {
             for retain in retains.iter_mut() {
                 records.push((&mut retain.header, &retain.data[..]));
             }
-            let data = match change.header.kind {
-                Kind::Write => &change.data[..],
-                _ => &[],
+            // Writes carry data, and so do the blocks a repair installs.
+            let data = match change.header.data_len() {
+                0 => &[][..],
+                _ => &change.data[..],
             };
             records.push((&mut change.header, data));
         }

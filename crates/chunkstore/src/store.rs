@@ -445,6 +445,57 @@ impl Store {
         Ok(out.freeze())
     }
 
+    /// The chunk's retained blocks tagged above `since`, by epoch and offset: what a
+    /// repair from version `since` copies.
+    pub fn retained_since(&self, chunk: ChunkId, since: u64) -> Vec<RetainedEntry> {
+        let mut entries = self.retained(chunk);
+        entries.retain(|entry| entry.tag > since);
+        entries
+    }
+
+    /// Keeps a block another replica retained, as it did (a repair's copy). Resolves
+    /// once durable.
+    pub async fn install_retained(
+        &self,
+        chunk: ChunkId,
+        entry: RetainedEntry,
+        block: RetainedBlock,
+    ) -> Result<(), StoreError> {
+        self.check_plain()?;
+        let data = match block {
+            RetainedBlock::Zeroes => Bytes::new(),
+            RetainedBlock::Data(data) => data,
+        };
+        if !entry.offset.is_multiple_of(BLOCK_BYTES)
+            || ![0, BLOCK_BYTES].contains(&(data.len() as u64))
+        {
+            return Err(StoreError::OutOfRange {
+                offset: entry.offset,
+                length: data.len() as u64,
+            });
+        }
+        // A `Retain` record names the epoch and tag where a change names its state.
+        let meta = ChunkMeta {
+            view: entry.epoch as u64,
+            version: entry.tag,
+        };
+        let length = data.len() as u64;
+        let change = Submit::control(Kind::Retain, chunk, entry.offset, length, meta);
+        self.submit(change, data, Reservation::none()).await
+    }
+
+    /// Drops the chunk's retained blocks tagged above `above` (a repair from version
+    /// `above` replaces them). Resolves once durable.
+    pub async fn trim_retained(&self, chunk: ChunkId, above: u64) -> Result<(), StoreError> {
+        self.check_plain()?;
+        let meta = ChunkMeta {
+            view: 0,
+            version: above,
+        };
+        let change = Submit::control(Kind::Trim, chunk, 0, 0, meta);
+        self.submit(change, Bytes::new(), Reservation::none()).await
+    }
+
     /// The chunk's retained blocks, by epoch and offset (those of unsynced changes
     /// once synced).
     pub fn retained(&self, chunk: ChunkId) -> Vec<RetainedEntry> {
@@ -516,14 +567,20 @@ impl Store {
         result.await.map_err(|_| StoreError::ShutDown)?
     }
 
-    /// Whether this store may retain for a change of `length` bytes.
-    fn check_retaining(&self, length: u64) -> Result<(), StoreError> {
+    /// Whether this store keeps retained blocks.
+    fn check_plain(&self) -> Result<(), StoreError> {
         if self.files.journals.is_some() || self.files.chain.is_some() {
             return Err(StoreError::Unsupported(
                 "only a plain store (no --journal, no chained log) retains blocks for snapshots"
                     .into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Whether this store may retain for a change of `length` bytes.
+    fn check_retaining(&self, length: u64) -> Result<(), StoreError> {
+        self.check_plain()?;
         if length > RETAIN_CHANGE_BYTES_MAX {
             return Err(StoreError::Unsupported(format!(
                 "a change that retains old blocks covers at most {RETAIN_CHANGE_BYTES_MAX} bytes, not {length}: split it"

@@ -70,6 +70,9 @@ pub enum Kind {
     /// Drops a chunk's retained blocks of epochs `offset..=length` (no data, no
     /// state).
     Release = 9,
+    /// Drops a chunk's retained blocks tagged above `version` (a repair replacing
+    /// what the replica took past it; no data, no state).
+    Trim = 10,
 }
 
 impl Kind {
@@ -84,6 +87,7 @@ impl Kind {
             7 => Kind::Intent,
             8 => Kind::Retain,
             9 => Kind::Release,
+            10 => Kind::Trim,
             _ => return None,
         })
     }

@@ -32,8 +32,8 @@
 use bytes::Bytes;
 use floe_chunkstore::space::Room;
 use floe_chunkstore::{
-    ChainGc, ChainOptions, ChunkMeta, Durability, JournalDir, Options, RetainedBlock, SimDisk,
-    Store, StoreError, Tuning,
+    ChainGc, ChainOptions, ChunkMeta, Durability, JournalDir, Options, RetainedBlock,
+    RetainedEntry, SimDisk, Store, StoreError, Tuning,
 };
 use floe_protocol::ChunkId;
 use proptest::prelude::*;
@@ -67,8 +67,10 @@ const EPOCHS: usize = 3;
 const EPOCHS_RETAINED: u32 = 3;
 const BLOCK: u64 = 4096;
 
-/// A chunk's retained blocks: (epoch, block offset) -> (bytes, tag).
-type Retained = BTreeMap<(u32, u64), (Vec<u8>, u64)>;
+/// A retained block: its bytes and tag.
+type RetainedCopy = (Vec<u8>, u64);
+/// A chunk's retained blocks by (epoch, block offset).
+type Retained = BTreeMap<(u32, u64), RetainedCopy>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -149,6 +151,20 @@ enum Op {
     Release {
         chunk: usize,
         upto: u32,
+    },
+    /// Drops the chunk's retained blocks tagged above its version `back` versions ago
+    /// (plain mode only: a repair's trim).
+    Trim {
+        chunk: usize,
+        back: u64,
+    },
+    /// Keeps a block as if epoch `epoch` had retained it, tagged with the chunk's
+    /// version (plain mode only: a repair's copy).
+    Install {
+        chunk: usize,
+        epoch: u32,
+        block: u64,
+        zeroes: bool,
     },
     DeleteVolume {
         volume: u64,
@@ -242,13 +258,28 @@ fn op() -> impl Strategy<Value = Op> {
         prop_oneof![1..=EPOCHS_RETAINED, Just(u32::MAX)],
     )
         .prop_map(|(chunk, upto)| Op::Release { chunk, upto });
+    let trim = (chunk.clone(), 0..4u64).prop_map(|(chunk, back)| Op::Trim { chunk, back });
+    let install = (
+        chunk.clone(),
+        1..=EPOCHS_RETAINED,
+        0..SPAN / BLOCK,
+        proptest::bool::weighted(0.2),
+    )
+        .prop_map(|(chunk, epoch, block, zeroes)| Op::Install {
+            chunk,
+            epoch,
+            block,
+            zeroes,
+        });
     prop_oneof![
         8 => small,
         2 => unaligned,
         2 => large,
         2 => zero,
-        1 => chunk.prop_map(|chunk| Op::SetMeta { chunk }),
+        1 => chunk.clone().prop_map(|chunk| Op::SetMeta { chunk }),
         1 => release,
+        1 => trim,
+        1 => install,
         1 => (1..=2u64).prop_map(|volume| Op::DeleteVolume { volume }),
     ]
 }
@@ -312,6 +343,10 @@ struct Change {
     release: Option<u32>,
     /// A volume delete: it drops every retained block too.
     deletes: bool,
+    /// It drops the retained blocks tagged above this version.
+    trim: Option<u64>,
+    /// It keeps this block as retained.
+    install: Option<((u32, u64), RetainedCopy)>,
 }
 
 impl Change {
@@ -329,6 +364,12 @@ impl Change {
         }
         if let Some(upto) = self.release {
             retained.retain(|&(epoch, _), _| epoch > upto);
+        }
+        if let Some(above) = self.trim {
+            retained.retain(|_, (_, tag)| *tag <= above);
+        }
+        if let Some((key, block)) = &self.install {
+            retained.insert(*key, block.clone());
         }
         for (key, old) in self.retained_blocks(state) {
             retained.entry(key).or_insert(old);
@@ -400,6 +441,8 @@ impl Model {
             retain: None,
             release: None,
             deletes: false,
+            trim: None,
+            install: None,
         }
     }
 
@@ -664,6 +707,59 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 let change = Change {
                     release: Some(upto),
                     ..change
+                };
+                vec![(chunk, change, false)]
+            }
+            Op::Trim { chunk, back } => {
+                if model.mode != Mode::Plain {
+                    continue;
+                }
+                let meta = model.chunks[chunk].last_meta;
+                let above = meta.version.saturating_sub(back);
+                let store = store.clone();
+                handles.push(tokio::spawn(async move {
+                    store.trim_retained(CHUNKS[chunk], above).await
+                }));
+                let change = Change {
+                    trim: Some(above),
+                    ..model.change(meta, None)
+                };
+                vec![(chunk, change, false)]
+            }
+            Op::Install {
+                chunk,
+                epoch,
+                block,
+                zeroes,
+            } => {
+                if model.mode != Mode::Plain {
+                    continue;
+                }
+                let meta = model.chunks[chunk].last_meta;
+                let id = model.next_id;
+                model.next_id += 1;
+                let offset = block * BLOCK;
+                let data: Vec<u8> = match zeroes {
+                    true => vec![0; BLOCK as usize],
+                    false => (offset..offset + BLOCK).map(|at| pattern(id, at)).collect(),
+                };
+                let entry = RetainedEntry {
+                    epoch,
+                    offset,
+                    tag: meta.version,
+                    zeroes,
+                };
+                let sent = match zeroes {
+                    true => RetainedBlock::Zeroes,
+                    false => RetainedBlock::Data(data.clone().into()),
+                };
+                let store = store.clone();
+                handles.push(tokio::spawn(async move {
+                    store.install_retained(CHUNKS[chunk], entry, sent).await
+                }));
+                let change = Change {
+                    install: Some(((epoch, offset), (data, meta.version))),
+                    ..model.change(meta, None)
                 };
                 vec![(chunk, change, false)]
             }

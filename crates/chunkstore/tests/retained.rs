@@ -59,7 +59,7 @@ fn runs(data: &[u8]) -> Vec<(u8, usize)> {
     runs
 }
 
-fn block(runs: &[(u8, usize)]) -> Option<Vec<(u8, usize)>> {
+fn block_of(runs: &[(u8, usize)]) -> Option<Vec<(u8, usize)>> {
     Some(runs.to_vec())
 }
 
@@ -71,13 +71,13 @@ async fn a_change_retains_each_block_once_per_epoch_across_a_reopen() {
         write(&store, 0, 0xaa, 2 * BLOCK, 1, None).await;
         // Epoch 1's first overwrite of block 0 (partly) and of block 1: both whole.
         write(&store, 100, 0xbb, BLOCK, 2, Some(1)).await;
-        assert_eq!(retained(&store, 1, 0).await, block(&[(0xaa, 4096)]));
-        assert_eq!(retained(&store, 1, BLOCK).await, block(&[(0xaa, 4096)]));
+        assert_eq!(retained(&store, 1, 0).await, block_of(&[(0xaa, 4096)]));
+        assert_eq!(retained(&store, 1, BLOCK).await, block_of(&[(0xaa, 4096)]));
         // Its second is not retained; epoch 2's first is, with epoch 1's bytes.
         write(&store, 0, 0xcc, BLOCK, 3, Some(1)).await;
         write(&store, 0, 0xdd, BLOCK, 4, Some(2)).await;
-        assert_eq!(retained(&store, 1, 0).await, block(&[(0xaa, 4096)]));
-        assert_eq!(retained(&store, 2, 0).await, block(&[(0xcc, 4096)]));
+        assert_eq!(retained(&store, 1, 0).await, block_of(&[(0xaa, 4096)]));
+        assert_eq!(retained(&store, 2, 0).await, block_of(&[(0xcc, 4096)]));
         // A block never written is retained as zeroes; a zero retains too.
         write(&store, 8 * BLOCK, 0xee, BLOCK, 5, Some(2)).await;
         let reservation = store.reserve_zero(BLOCK, 10, false).unwrap();
@@ -85,10 +85,10 @@ async fn a_change_retains_each_block_once_per_epoch_across_a_reopen() {
             .zero_reserved(reservation, CHUNK, BLOCK, 10, false, version(6), Some(2))
             .await
             .unwrap();
-        assert_eq!(retained(&store, 2, 8 * BLOCK).await, block(&[]));
+        assert_eq!(retained(&store, 2, 8 * BLOCK).await, block_of(&[]));
         assert_eq!(
             retained(&store, 2, BLOCK).await,
-            block(&[(0xbb, 100), (0xaa, 3996)])
+            block_of(&[(0xbb, 100), (0xaa, 3996)])
         );
         assert_eq!(retained(&store, 2, 2 * BLOCK).await, None);
         assert_eq!(retained(&store, 3, 0).await, None);
@@ -110,7 +110,7 @@ async fn a_change_retains_each_block_once_per_epoch_across_a_reopen() {
             entry(2, 8 * BLOCK, 5, true),
         ]
     );
-    assert_eq!(retained(&store, 2, 0).await, block(&[(0xcc, 4096)]));
+    assert_eq!(retained(&store, 2, 0).await, block_of(&[(0xcc, 4096)]));
     assert!(store.used_bytes() >= 4 * BLOCK + 3 * BLOCK);
     store.release_retained(CHUNK, 0..=1).await.unwrap();
     assert_eq!(retained(&store, 1, 0).await, None);
@@ -121,7 +121,7 @@ async fn a_change_retains_each_block_once_per_epoch_across_a_reopen() {
     assert_eq!(store.retained(CHUNK), vec![]);
     // Released, the next overwrite in epoch 1 retains again.
     write(&store, 0, 0x11, BLOCK, 7, Some(1)).await;
-    assert_eq!(retained(&store, 1, 0).await, block(&[(0xdd, 4096)]));
+    assert_eq!(retained(&store, 1, 0).await, block_of(&[(0xdd, 4096)]));
 }
 
 #[tokio::test]
@@ -155,6 +155,54 @@ async fn a_range_reads_as_a_snapshot_had_it() {
     );
     // Unaligned, across blocks.
     assert_eq!(as_of(3, BLOCK - 10, 20).await, vec![(0xaa, 10), (0xbb, 10)]);
+}
+
+#[tokio::test]
+async fn a_repair_trims_and_installs_retained_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        write(&store, 0, 0xaa, 2 * BLOCK, 1, None).await;
+        write(&store, 0, 0xbb, BLOCK, 2, Some(1)).await;
+        write(&store, BLOCK, 0xcc, BLOCK, 3, Some(1)).await;
+        let tags =
+            |entries: Vec<RetainedEntry>| -> Vec<u64> { entries.iter().map(|e| e.tag).collect() };
+        assert_eq!(tags(store.retained_since(CHUNK, 2)), vec![3]);
+        // A repair from version 2: what the replica took past it goes, the source's comes.
+        store.trim_retained(CHUNK, 2).await.unwrap();
+        assert_eq!(tags(store.retained(CHUNK)), vec![2]);
+        let entry = RetainedEntry {
+            epoch: 1,
+            offset: BLOCK,
+            tag: 4,
+            zeroes: false,
+        };
+        let block = RetainedBlock::Data(Bytes::from(vec![0x11; BLOCK as usize]));
+        store.install_retained(CHUNK, entry, block).await.unwrap();
+        // Installed, the block counts as retained: the next overwrite keeps none.
+        write(&store, BLOCK, 0xdd, BLOCK, 5, Some(1)).await;
+        assert_eq!(retained(&store, 1, BLOCK).await, block_of(&[(0x11, 4096)]));
+        let misplaced = RetainedEntry {
+            offset: 100,
+            ..entry
+        };
+        let block = RetainedBlock::Data(Bytes::from(vec![0x11; BLOCK as usize]));
+        assert!(store
+            .install_retained(CHUNK, misplaced, block)
+            .await
+            .is_err());
+    }
+    // The trim and the install survive a reopen (the tombstone and the new slot).
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(
+        store
+            .retained(CHUNK)
+            .iter()
+            .map(|e| (e.offset, e.tag))
+            .collect::<Vec<_>>(),
+        vec![(0, 2), (BLOCK, 4)]
+    );
+    assert_eq!(retained(&store, 1, BLOCK).await, block_of(&[(0x11, 4096)]));
 }
 
 #[tokio::test]

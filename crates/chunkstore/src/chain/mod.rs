@@ -242,7 +242,9 @@ impl Chain {
             }
             Kind::Write | Kind::Bypass => Some(data),
             Kind::Zero | Kind::Punch => None,
-            Kind::Retain | Kind::Release => unreachable!("chained stores do not retain"),
+            Kind::Retain | Kind::Release | Kind::Trim => {
+                unreachable!("chained stores do not retain")
+            }
         };
         state.maps.touch(chunk);
         let before = state.tail;

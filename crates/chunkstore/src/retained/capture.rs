@@ -13,7 +13,7 @@ use crate::error::StoreError;
 use crate::wal::{Kind, RecordHeader};
 use bytes::Bytes;
 use floe_protocol::ChunkId;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A `Retain` record: `offset` the block's, `length` [`BLOCK_BYTES`] or 0 (the block
 /// was all zeroes, no data), `view` the epoch, `version` the retaining change's.
@@ -52,10 +52,10 @@ impl Committer {
     /// fails, with every later change of its chunk in the batch: those would retain
     /// blocks as if it had been applied. Failed changes leave the batch.
     pub(crate) fn capture(&self, batch: &mut Vec<Change>) -> (Vec<Vec<Retain>>, Completions) {
-        let mut taken: BTreeSet<(ChunkId, u32, u32)> = self
+        let mut taken: Taken = self
             .held_unsynced()
             .filter(|(header, _)| header.kind == Kind::Retain)
-            .map(|(h, _)| (h.chunk, Retain::epoch(h), block_of(h.offset)))
+            .map(|(h, _)| ((h.chunk, Retain::epoch(h), block_of(h.offset)), h.version))
             .collect();
         let mut retains = Vec::with_capacity(batch.len());
         let mut failed: Vec<Option<StoreError>> = Vec::with_capacity(batch.len());
@@ -65,8 +65,13 @@ impl Committer {
             let change = &batch[i];
             let chunk = change.header.chunk;
             if let Some(forget) = Forget::of(&change.header) {
-                taken.retain(|&(c, epoch, _)| !forget.covers(c, epoch));
+                taken.retain(|&(c, epoch, _), &mut tag| !forget.covers(c, epoch, tag));
                 forgotten.push(forget);
+            }
+            // A block a repair installs.
+            if change.header.kind == Kind::Retain {
+                let h = &change.header;
+                taken.insert((chunk, Retain::epoch(h), block_of(h.offset)), h.version);
             }
             if failed_chunks.contains(&chunk) {
                 retains.push(Vec::new());
@@ -112,7 +117,7 @@ impl Committer {
         &self,
         batch: &[Change],
         i: usize,
-        taken: &mut BTreeSet<(ChunkId, u32, u32)>,
+        taken: &mut Taken,
         forgotten: &[Forget],
     ) -> Result<Vec<Retain>, StoreError> {
         let change = &batch[i];
@@ -120,16 +125,20 @@ impl Committer {
             return Ok(Vec::new());
         };
         let header = &change.header;
-        // What the store holds stands unless the batch drops it first.
-        let stored = !forgotten.iter().any(|f| f.covers(header.chunk, epoch));
         let mut records = Vec::new();
         for at in blocks(header.offset, header.length) {
             let block = block_of(at);
-            if (stored && self.files.retained.holds(header.chunk, epoch, block))
-                || !taken.insert((header.chunk, epoch, block))
-            {
+            // What the store holds stands unless the batch drops it first.
+            let stored = self
+                .files
+                .retained
+                .tag_of(header.chunk, epoch, block)
+                .is_some_and(|tag| !forgotten.iter().any(|f| f.covers(header.chunk, epoch, tag)));
+            let key = (header.chunk, epoch, block);
+            if stored || taken.contains_key(&key) {
                 continue;
             }
+            taken.insert(key, header.version);
             let old = self.block_before(header.chunk, at, &batch[..i])?;
             let zeroes = old.iter().all(|&b| b == 0);
             records.push(Retain {
@@ -177,10 +186,16 @@ impl Committer {
     }
 }
 
+/// Blocks retained by the held unsynced changes and the batch so far: (chunk, epoch,
+/// block) -> tag.
+type Taken = BTreeMap<(ChunkId, u32, u32), u64>;
+
 /// A change of the batch that drops retained blocks.
 enum Forget {
     Volume(u64),
     Epochs(ChunkId, std::ops::RangeInclusive<u32>),
+    /// Those tagged above this version.
+    Above(ChunkId, u64),
 }
 
 impl Forget {
@@ -191,14 +206,16 @@ impl Forget {
                 header.chunk,
                 header.offset as u32..=header.length as u32,
             )),
+            Kind::Trim => Some(Forget::Above(header.chunk, header.version)),
             _ => None,
         }
     }
 
-    fn covers(&self, chunk: ChunkId, epoch: u32) -> bool {
+    fn covers(&self, chunk: ChunkId, epoch: u32, tag: u64) -> bool {
         match self {
             Forget::Volume(volume_id) => chunk.volume_id == *volume_id,
             Forget::Epochs(c, epochs) => *c == chunk && epochs.contains(&epoch),
+            Forget::Above(c, above) => *c == chunk && tag > *above,
         }
     }
 }
@@ -213,6 +230,7 @@ fn overlay(block: &mut [u8], at: u64, header: &RecordHeader, data: &[u8]) {
         Kind::Stamp
         | Kind::Retain
         | Kind::Release
+        | Kind::Trim
         | Kind::Bypass
         | Kind::Intent
         | Kind::DeleteVolume => return,

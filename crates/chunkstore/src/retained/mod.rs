@@ -85,13 +85,10 @@ impl Retained {
         })
     }
 
-    /// Whether epoch `epoch` retained block `block` of the chunk.
-    pub(crate) fn holds(&self, chunk: ChunkId, epoch: u32, block: u32) -> bool {
-        self.sidecars
-            .lock()
-            .unwrap()
-            .get(&(chunk, epoch))
-            .is_some_and(|s| s.slots.contains_key(&block))
+    /// The tag of block `block` of the chunk if epoch `epoch` retained it.
+    pub(crate) fn tag_of(&self, chunk: ChunkId, epoch: u32, block: u32) -> Option<u64> {
+        let sidecars = self.sidecars.lock().unwrap();
+        Some(sidecars.get(&(chunk, epoch))?.slots.get(&block)?.tag)
     }
 
     /// Applies a `Retain` record; true when it made the sidecar's files (their
@@ -218,6 +215,20 @@ impl Retained {
             }
         }
         Ok(())
+    }
+
+    /// Applies a `Trim` record: drops the chunk's blocks tagged above `above`; the
+    /// epochs of the sidecars it changed (they want a save).
+    pub(crate) fn trim(&self, chunk: ChunkId, above: u64) -> Vec<u32> {
+        let mut sidecars = self.sidecars.lock().unwrap();
+        let mut trimmed = Vec::new();
+        for (&(_, epoch), sidecar) in sidecars.range_mut((chunk, 0)..=(chunk, u32::MAX)) {
+            if sidecar.slots.values().any(|slot| slot.tag > above) {
+                sidecar.trim(above);
+                trimmed.push(epoch);
+            }
+        }
+        trimmed
     }
 
     /// Forgets a deleted volume's sidecars (their files went with its directory).

@@ -6,8 +6,9 @@
 //! index entry (32 bytes): block u32 | flags u32 | tag u64 | data crc u32 | zero [8] | crc u32
 //! ```
 //! `block` is the block's number in the chunk, `tag` the version of the change that
-//! retained it, `flags` bit 0 "the block was all zeroes" (its slot is never written).
-//! The crc covers the entry's first 28 bytes.
+//! retained it, `flags` bit 0 "the block was all zeroes" (its slot is never written),
+//! bit 1 "dropped": a tombstone for the block's earlier entry (a repair trimmed it;
+//! its slot is never written). The crc covers the entry's first 28 bytes.
 //!
 //! Crash safety comes from the log: every block retained since the last checkpoint
 //! has its `Retain` record there. Its data goes to its slot at once (readers want
@@ -27,6 +28,7 @@ use super::BLOCK_BYTES;
 
 const ENTRY_BYTES: u64 = 32;
 const ZEROES: u32 = 1;
+const DROPPED: u32 = 2;
 
 /// Where a retained block is, and what it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,9 +47,10 @@ pub(crate) struct Sidecar {
     pub(crate) slots: BTreeMap<u32, Slot>,
     /// Slots taken.
     count: u32,
-    /// Entries in the index file: the blocks of slots from here on are in `unsaved`.
+    /// Entries in the index file: those of slots from here on are in `unsaved`, a
+    /// block and its slot (`None`: a tombstone).
     saved: u32,
-    unsaved: Vec<u32>,
+    unsaved: Vec<(u32, Option<Slot>)>,
 }
 
 impl Sidecar {
@@ -75,11 +78,17 @@ impl Sidecar {
             let Some((block, slot)) = decode(entry, sidecar.count) else {
                 break;
             };
-            if sidecar.slots.contains_key(&block) {
-                // A block has one entry: this is a tail from before, past a torn one.
-                break;
+            match slot {
+                None => {
+                    sidecar.slots.remove(&block);
+                }
+                // A block has one live entry: this is a tail from before, past a torn
+                // one.
+                Some(_) if sidecar.slots.contains_key(&block) => break,
+                Some(slot) => {
+                    sidecar.slots.insert(block, slot);
+                }
             }
-            sidecar.slots.insert(block, slot);
             sidecar.count += 1;
         }
         sidecar.saved = sidecar.count;
@@ -104,22 +113,46 @@ impl Sidecar {
                 .write_all_at(data, slot.ordinal as u64 * BLOCK_BYTES)?;
         }
         if slot.ordinal < self.saved {
-            self.index
-                .write_all_at(&encode(block, &slot), slot.ordinal as u64 * ENTRY_BYTES)?;
+            self.index.write_all_at(
+                &encode(block, Some(&slot)),
+                slot.ordinal as u64 * ENTRY_BYTES,
+            )?;
         }
         if existing.is_none() {
             self.count = self.count.checked_add(1).expect("slots fit in u32");
-            self.unsaved.push(block);
+            self.unsaved.push((block, Some(slot)));
+        } else if let Some(unsaved) = self
+            .unsaved
+            .iter_mut()
+            .find(|(_, s)| s.is_some_and(|s| s.ordinal == slot.ordinal))
+        {
+            unsaved.1 = Some(slot);
         }
         self.slots.insert(block, slot);
         Ok(())
     }
 
+    /// Drops the blocks tagged above `above`, a tombstone each (their slots stay
+    /// taken until the sidecar is released).
+    pub(crate) fn trim(&mut self, above: u64) {
+        let doomed: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|(_, slot)| slot.tag > above)
+            .map(|(&block, _)| block)
+            .collect();
+        for block in doomed {
+            self.slots.remove(&block);
+            self.count = self.count.checked_add(1).expect("slots fit in u32");
+            self.unsaved.push((block, None));
+        }
+    }
+
     /// Writes the index entries not yet saved, then makes both files durable.
     pub(crate) fn save(&mut self) -> io::Result<()> {
         let mut entries = Vec::with_capacity(self.unsaved.len() * ENTRY_BYTES as usize);
-        for block in &self.unsaved {
-            entries.extend_from_slice(&encode(*block, &self.slots[block]));
+        for (block, slot) in &self.unsaved {
+            entries.extend_from_slice(&encode(*block, slot.as_ref()));
         }
         self.index
             .write_all_at(&entries, self.saved as u64 * ENTRY_BYTES)?;
@@ -146,19 +179,26 @@ impl Sidecar {
     }
 }
 
-fn encode(block: u32, slot: &Slot) -> [u8; ENTRY_BYTES as usize] {
+/// An entry; a tombstone for `None`.
+fn encode(block: u32, slot: Option<&Slot>) -> [u8; ENTRY_BYTES as usize] {
     let mut out = [0u8; ENTRY_BYTES as usize];
     let mut w = &mut out[..];
     w.put_u32_le(block);
-    w.put_u32_le(if slot.zeroes { ZEROES } else { 0 });
-    w.put_u64_le(slot.tag);
-    w.put_u32_le(slot.crc);
+    let flags = match slot {
+        None => DROPPED,
+        Some(slot) if slot.zeroes => ZEROES,
+        Some(_) => 0,
+    };
+    w.put_u32_le(flags);
+    w.put_u64_le(slot.map_or(0, |s| s.tag));
+    w.put_u32_le(slot.map_or(0, |s| s.crc));
     let crc = crc32c::crc32c(&out[..28]);
     out[28..].copy_from_slice(&crc.to_le_bytes());
     out
 }
 
-fn decode(raw: &[u8], ordinal: u32) -> Option<(u32, Slot)> {
+/// An entry that checks: its block and its slot, `None` for a tombstone.
+fn decode(raw: &[u8], ordinal: u32) -> Option<(u32, Option<Slot>)> {
     if crc32c::crc32c(&raw[..28]) != (&raw[28..]).get_u32_le() {
         return None;
     }
@@ -171,7 +211,7 @@ fn decode(raw: &[u8], ordinal: u32) -> Option<(u32, Slot)> {
         crc: r.get_u32_le(),
         zeroes: flags & ZEROES != 0,
     };
-    Some((block, slot))
+    Some((block, (flags & DROPPED == 0).then_some(slot)))
 }
 
 #[cfg(test)]
