@@ -12,6 +12,7 @@ mod exported;
 mod heal;
 mod repair;
 pub mod replica;
+mod retained;
 mod staging;
 
 use bytes::Bytes;
@@ -758,6 +759,9 @@ impl ChunkServer {
                 }
                 Ok(self.settle(&slot).await)
             }
+            ReplicaRequest::RetainedSince { chunk, since } => {
+                self.retained_since(chunk, since).await
+            }
             ReplicaRequest::LogSince { chunk, since } => {
                 let (changes, pending) = match self.existing(chunk) {
                     Some(slot) => {
@@ -1029,6 +1033,11 @@ impl Handler for ChunkServer {
                 self.read_as_of(chunk, epoch, offset, length, min_version)
                     .await
             }
+            Request::ReadRetained {
+                chunk,
+                epoch,
+                offset,
+            } => self.read_retained(chunk, epoch, offset).await,
             Request::Replica(control) => match self.control(control).await {
                 Ok(reply) => Response::Replica(reply),
                 Err((status, message)) => Response::error(status, message),
@@ -1259,6 +1268,34 @@ mod tests {
         let response = primary.clone().handle(retaining(v2, v3, 1)).await;
         assert!(matches!(response, Response::Done), "{response:?}");
         assert_eq!(primary.store.retained(CHUNK).len(), 1, "once per epoch");
+        // What a repair from v1 copies: the list, then each block.
+        let since = ReplicaRequest::RetainedSince {
+            chunk: CHUNK,
+            since: v1,
+        };
+        let listed = backup.clone().handle(Request::Replica(since)).await;
+        let expected = floe_protocol::RetainedInfo {
+            epoch: 1,
+            offset: 0,
+            tag: v2,
+            zeroes: false,
+        };
+        assert_eq!(
+            listed,
+            Response::Replica(ReplicaResponse::Retained {
+                version: v3,
+                blocks: vec![expected]
+            })
+        );
+        let read = |epoch| Request::ReadRetained {
+            chunk: CHUNK,
+            epoch,
+            offset: 0,
+        };
+        let old = backup.clone().handle(read(1)).await;
+        assert_eq!(old, Response::Data(Bytes::from(vec![0xab; 4096])));
+        let none = backup.clone().handle(read(2)).await;
+        assert_eq!(status(&none), Some(Status::NotFound), "{none:?}");
         // A replica moved away frees its retained blocks with its data.
         let drop = ReplicaRequest::DropChunk {
             chunk: CHUNK,

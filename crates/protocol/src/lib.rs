@@ -44,7 +44,7 @@ pub use frame::{Frame, FrameError, Status};
 pub use masters::Masters;
 pub use message::{
     ClusterMapInfo, LayerInfo, MasterRequest, MasterResponse, Proposal, Registration, RepairKind,
-    ReplicaRequest, ReplicaResponse, Request, Response,
+    ReplicaRequest, ReplicaResponse, Request, Response, RetainedInfo,
 };
 pub use session::{GatewayInfo, SessionInfo, SessionMove};
 pub use snapshot::{Snapshot, SnapshotEpochs};

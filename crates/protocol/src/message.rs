@@ -21,6 +21,7 @@ const KIND_REPLICA: u16 = 6;
 /// sent to a master or a chunk server.
 pub(crate) const KIND_TRANSACTION: u16 = 7;
 const KIND_READ_AS_OF: u16 = 8;
+const KIND_READ_RETAINED: u16 = 9;
 /// Bits of a write's flags byte.
 const WRITE_CATCH_UP: u8 = 1;
 const WRITE_UNSYNCED: u8 = 2;
@@ -81,6 +82,13 @@ pub enum Request {
         offset: u64,
         length: u32,
         min_version: u64,
+    },
+    /// The 4 KiB block at `offset` as this replica retained it for snapshot epoch
+    /// `epoch` (a repair's copy); `NotFound` when it holds none (freed since).
+    ReadRetained {
+        chunk: ChunkId,
+        epoch: u32,
+        offset: u64,
     },
     /// Zeroes a range; `punch` frees the space. Forwarded like a write.
     Zero {
@@ -337,6 +345,10 @@ pub enum ReplicaRequest {
     /// The ranges changed after `since`, from the journal lite; `NotFound` when it
     /// does not reach back that far.
     LogSince { chunk: ChunkId, since: u64 },
+    /// The blocks the replica retained for snapshots with a tag (the retaining
+    /// change's version) above `since`: what a repair from `since` copies. Changes in
+    /// flight are made durable first.
+    RetainedSince { chunk: ChunkId, since: u64 },
     /// The ranges holding data (everything else is a hole).
     Extents { chunk: ChunkId },
     /// GetCost: what reading the block holding `offset` costs this replica now (a
@@ -397,6 +409,7 @@ impl ReplicaRequest {
             ReplicaRequest::ChunkInfo { chunk, .. }
             | ReplicaRequest::SetView { chunk, .. }
             | ReplicaRequest::LogSince { chunk, .. }
+            | ReplicaRequest::RetainedSince { chunk, .. }
             | ReplicaRequest::Extents { chunk }
             | ReplicaRequest::BlockSums { chunk }
             | ReplicaRequest::ReadCost { chunk, .. }
@@ -407,6 +420,18 @@ impl ReplicaRequest {
             | ReplicaRequest::DropChunk { chunk, .. } => *chunk,
         }
     }
+}
+
+/// One block a replica retained for snapshots (see [`ReplicaRequest::RetainedSince`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetainedInfo {
+    pub epoch: u32,
+    /// The block's offset in the chunk.
+    pub offset: u64,
+    /// The version of the change that retained it.
+    pub tag: u64,
+    /// It was all zeroes (nothing to read).
+    pub zeroes: bool,
 }
 
 /// A writer's placement of a new chunk, from the cluster map at `epoch`.
@@ -490,6 +515,11 @@ pub enum ReplicaResponse {
     /// `None` from a store that cannot tell (the files engine).
     ReadCost {
         cost: Option<crate::ReadCost>,
+    },
+    /// Retained blocks, and the version the replica holds with them.
+    Retained {
+        version: u64,
+        blocks: Vec<RetainedInfo>,
     },
     Repaired {
         version: u64,
@@ -695,6 +725,16 @@ impl Request {
                 f.put_u64_le(*min_version);
                 KIND_READ_AS_OF
             }
+            Request::ReadRetained {
+                chunk,
+                epoch,
+                offset,
+            } => {
+                put_chunk(&mut f, *chunk);
+                f.put_u32_le(*epoch);
+                f.put_u64_le(*offset);
+                KIND_READ_RETAINED
+            }
             Request::Zero {
                 chunk,
                 stamp,
@@ -777,6 +817,11 @@ impl Request {
                 length: r.u32()?,
                 min_version: r.u64()?,
             },
+            KIND_READ_RETAINED => Request::ReadRetained {
+                chunk: r.chunk()?,
+                epoch: r.u32()?,
+                offset: r.u64()?,
+            },
             KIND_ZERO => {
                 let (chunk, stamp, offset, length, epoch) =
                     (r.chunk()?, r.stamp()?, r.u64()?, r.u64()?, r.u32()?);
@@ -816,6 +861,7 @@ impl Request {
             Request::Write { .. } => KIND_WRITE,
             Request::Read { .. } => KIND_READ,
             Request::ReadAsOf { .. } => KIND_READ_AS_OF,
+            Request::ReadRetained { .. } => KIND_READ_RETAINED,
             Request::Zero { .. } => KIND_ZERO,
             Request::Master(_) => KIND_MASTER,
             Request::Replica(_) => KIND_REPLICA,
@@ -868,7 +914,9 @@ impl Response {
         let response = match frame.kind {
             KIND_HELLO => Response::Hello { version: r.u32()? },
             KIND_WRITE | KIND_ZERO => Response::Done,
-            KIND_READ | KIND_READ_AS_OF => Response::Data(std::mem::take(&mut r.buf)),
+            KIND_READ | KIND_READ_AS_OF | KIND_READ_RETAINED => {
+                Response::Data(std::mem::take(&mut r.buf))
+            }
             KIND_MASTER => Response::Master(r.json()?),
             KIND_REPLICA => Response::Replica(r.json()?),
             other => return Err(FrameError::UnknownKind(other)),
@@ -939,6 +987,11 @@ mod tests {
             offset: 8192,
             length: 4096,
             min_version: 5,
+        });
+        roundtrip(Request::ReadRetained {
+            chunk,
+            epoch: 6,
+            offset: 4096,
         });
         roundtrip(Request::Zero {
             chunk,
