@@ -270,4 +270,10 @@ async fn stores_that_cannot_retain_say_so() {
     );
     // Refused before it was logged: the chunk did not change.
     assert_eq!(hybrid.meta(CHUNK), ChunkMeta::default());
+    // Nothing to release there: a dropped replica's release does nothing.
+    hybrid.release_retained(CHUNK, 0..=u32::MAX).await.unwrap();
+    hybrid
+        .write(CHUNK, 0, Bytes::from(vec![2u8; 512]), version(2))
+        .await
+        .unwrap();
 }
