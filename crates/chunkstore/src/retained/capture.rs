@@ -52,6 +52,10 @@ impl Committer {
     /// fails, with every later change of its chunk in the batch: those would retain
     /// blocks as if it had been applied. Failed changes leave the batch.
     pub(crate) fn capture(&self, batch: &mut Vec<Change>) -> (Vec<Vec<Retain>>, Completions) {
+        // The common batch retains nothing: no lookups on the commit path.
+        if batch.iter().all(|c| c.retain.is_none()) {
+            return (batch.iter().map(|_| Vec::new()).collect(), Vec::new());
+        }
         let mut taken: Taken = self
             .held_unsynced()
             .filter(|(header, _)| header.kind == Kind::Retain)
