@@ -1500,6 +1500,108 @@ mod tests {
         }
     }
 
+    /// What a repair from `source` answers.
+    async fn repaired(replica: &Arc<ChunkServer>, kind: RepairKind) -> Response {
+        let repair = Request::Replica(ReplicaRequest::Repair {
+            chunk: CHUNK,
+            source: "source".into(),
+            kind,
+            bytes_per_second: 0,
+        });
+        replica.clone().handle(repair).await
+    }
+
+    /// The chunk's retained blocks with their bytes.
+    async fn retained_blocks(
+        server: &ChunkServer,
+    ) -> Vec<(
+        floe_chunkstore::RetainedEntry,
+        floe_chunkstore::RetainedBlock,
+    )> {
+        let mut out = Vec::new();
+        for entry in server.store.retained(CHUNK) {
+            let block = server.store.read_retained(CHUNK, entry.epoch, entry.offset);
+            out.push((entry, block.await.unwrap().expect("listed")));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_repair_carries_the_sources_retained_blocks_whatever_its_path() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let source = server(a.path());
+        let replica = server_over(b.path(), ConnectionPool::over(Arc::new(To(source.clone()))));
+        let v1 = next_version(0, 1);
+        for server in [&source, &replica] {
+            let response = server.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+            assert!(matches!(response, Response::Done), "{response:?}");
+        }
+        let retaining = |prev, epoch, offset| {
+            let mut request = at_epoch(write(CHUNK, 0, prev, next_version(prev, 1), offset), epoch);
+            if let Request::Write { retain, data, .. } = &mut request {
+                *retain = true;
+                *data = Bytes::from(vec![0xcd; 4096]);
+            }
+            request
+        };
+        // A divergent block of the replica's own, one the source never retained.
+        async fn stray(replica: &ChunkServer, tag: u64) {
+            let entry = floe_chunkstore::RetainedEntry {
+                epoch: 1,
+                offset: 8192,
+                tag,
+                zeroes: false,
+            };
+            let block = floe_chunkstore::RetainedBlock::Data(Bytes::from(vec![0xee; 4096]));
+            let kept = replica.store.install_retained(CHUNK, entry, block);
+            kept.await.unwrap();
+        }
+        // Incremental: the source retained data for epoch 1 since the replica's v1;
+        // the replica's block retained for a change above v1 goes.
+        let v2 = next_version(v1, 1);
+        let response = source.clone().handle(retaining(v1, 1, 0)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        stray(&replica, v2).await;
+        let response = repaired(&replica, RepairKind::CatchUp).await;
+        assert!(
+            matches!(
+                response,
+                Response::Replica(ReplicaResponse::Repaired {
+                    incremental: true,
+                    ..
+                })
+            ),
+            "{response:?}"
+        );
+        let carried = retained_blocks(&replica).await;
+        assert_eq!(carried.len(), 1, "{carried:?}");
+        assert_eq!(carried, retained_blocks(&source).await);
+        // Compared: the source retained a hole for epoch 2 and restarted; the
+        // replica's stray block goes.
+        let response = source.clone().handle(retaining(v2, 2, 4096)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        stray(&replica, v1).await;
+        drop((source, replica));
+        let source = server(a.path());
+        let replica = server_over(b.path(), ConnectionPool::over(Arc::new(To(source.clone()))));
+        let response = repaired(&replica, RepairKind::CatchUp).await;
+        assert!(
+            matches!(
+                response,
+                Response::Replica(ReplicaResponse::Repaired { compared: true, .. })
+            ),
+            "{response:?}"
+        );
+        let carried = retained_blocks(&replica).await;
+        assert_eq!(carried.len(), 2, "{carried:?}");
+        assert_eq!(carried, retained_blocks(&source).await);
+        // Whole: the source's set in place of the replica's.
+        stray(&replica, v1).await;
+        let response = repaired(&replica, RepairKind::Whole).await;
+        assert!(status(&response).is_none(), "{response:?}");
+        assert_eq!(retained_blocks(&replica).await, carried);
+    }
+
     /// GetCost over the wire: a chained-log store answers what reading a block costs
     /// it (the files engine cannot tell); an offset past the chunk is refused.
     #[tokio::test]

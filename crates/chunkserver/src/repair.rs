@@ -14,6 +14,12 @@
 //! goes to a staging chunk laid over the replica once complete, a whole copy's to one
 //! that replaces it ([`crate::staging`]): a failure part-way leaves the replica as it
 //! was.
+//!
+//! The replica's retained blocks (what snapshots read, `floe_chunkstore::retained`)
+//! come along: an incremental repair drops those it retained above its version (for
+//! changes the history may leave out) and takes the source's retained since; a
+//! compared or whole copy takes the source's set in place of its own. Blocks the
+//! source freed meanwhile (their snapshots deleted) are skipped.
 
 use crate::replica::merge;
 use crate::staging::{self, Staged};
@@ -21,10 +27,10 @@ use crate::{ChunkServer, Slot};
 use bytes::Bytes;
 use floe_chunkstore::block_sums::BLOCK_BYTES;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
-use floe_chunkstore::{ChunkMeta, StoreError};
+use floe_chunkstore::{ChunkMeta, RetainedBlock, RetainedEntry, StoreError};
 use floe_protocol::connection::CallError;
 use floe_protocol::{
-    ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, Request, Response, Status,
+    ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, Request, Response, RetainedInfo, Status,
 };
 use std::time::Duration;
 use tokio::time::Instant;
@@ -82,6 +88,8 @@ struct Pull<'a> {
     chunk: ChunkId,
     source: &'a str,
     throttle: Throttle,
+    /// The replica's version when the repair began.
+    since: u64,
     /// Every change the replica had accepted was durable when the repair began: a
     /// scan of the replica then sees all it will hold.
     settled: bool,
@@ -183,6 +191,64 @@ impl Pull<'_> {
                 copied += n;
                 self.throttle.account(n).await;
             }
+        }
+        Ok(copied)
+    }
+
+    /// Copies the source's blocks retained by changes from `from` (exclusive) to
+    /// `to` into local chunk `into`; returns the bytes copied.
+    async fn copy_retained(&mut self, into: ChunkId, from: u64, to: u64) -> Result<u64, Failure> {
+        let listed = ReplicaRequest::RetainedSince {
+            chunk: self.chunk,
+            since: from,
+        };
+        let blocks = match self.ask(listed).await.map_err(failed)? {
+            ReplicaResponse::Retained { blocks, .. } => blocks,
+            other => return Err(failed(self.bad_reply(other))),
+        };
+        let mut copied = 0;
+        // Blocks of changes above `to` belong to changes the copy does not hold.
+        for info in blocks.into_iter().filter(|info| info.tag <= to) {
+            let RetainedInfo {
+                epoch,
+                offset,
+                tag,
+                zeroes,
+            } = info;
+            let block = if zeroes {
+                RetainedBlock::Zeroes
+            } else {
+                let read = Request::ReadRetained {
+                    chunk: self.chunk,
+                    epoch,
+                    offset,
+                };
+                match self.server.peers.call(self.source, read).await {
+                    Ok(Response::Data(data)) if data.len() as u64 == BLOCK_BYTES => {
+                        RetainedBlock::Data(data)
+                    }
+                    // Freed since it was listed: no snapshot reads it any more.
+                    Err(CallError::Remote {
+                        status: Status::NotFound,
+                        ..
+                    }) => continue,
+                    Ok(other) => return Err((Status::Io, format!("source answered {other:?}"))),
+                    Err(e) => return Err(failed(e)),
+                }
+            };
+            let entry = RetainedEntry {
+                epoch,
+                offset,
+                tag,
+                zeroes,
+            };
+            self.server
+                .store
+                .install_retained(into, entry, block)
+                .await
+                .map_err(io)?;
+            copied += BLOCK_BYTES;
+            self.throttle.account(BLOCK_BYTES).await;
         }
         Ok(copied)
     }
@@ -300,7 +366,7 @@ impl Pull<'_> {
             ranges: merge(&mut differ, 0),
             pending,
         };
-        let outcome = self.staged(view, Staged::Overlay, changed, since).await?;
+        let outcome = self.staged(view, Staged::Compared, changed, since).await?;
         settled(outcome, How::Compared, kind, since)
     }
 
@@ -365,6 +431,20 @@ impl Pull<'_> {
         // majority may count on: the replica stays as it is.
         if version < floor {
             return Ok(Outcome::Behind(version, bytes));
+        }
+        let from = match kind {
+            Staged::Overlay => self.since,
+            Staged::Whole | Staged::Compared => 0,
+        };
+        bytes += self.copy_retained(staging, from, version).await?;
+        if kind == Staged::Overlay {
+            // Retained for changes above the replica's version, which the history may
+            // leave out: the source's since then replace them. Nothing is lost if the
+            // copy stops here: the replica claims no more than it kept.
+            store
+                .trim_retained(self.chunk, self.since)
+                .await
+                .map_err(io)?;
         }
         let whole = ChunkMeta { view, version };
         staging::complete(&self.server.store, self.chunk, kind, whole)
@@ -475,6 +555,7 @@ pub(crate) async fn repair(
             bytes: 0,
         },
         settled: settled.is_ok(),
+        since,
     };
     let result = pull.run(view, since, kind).await;
     let mut replica = slot.replica.lock().unwrap();

@@ -3,18 +3,23 @@
 //! killed or its host's power cut) leaves the replica as it was: its version still
 //! tells what it holds, and it can still source a view change.
 //!
-//! A whole copy's staging chunk replaces the replica; an incremental copy's is laid
-//! over it (its extents are exactly the ranges copied: [`ALIGN_BYTES`]). The staging
-//! chunks of chunk `INDEX` are chunks `INDEX | 2^62` (whole) and `INDEX | 2^63`
-//! (overlay) of the same volume (the wire never carries indexes from
-//! `CHUNK_INDEX_LIMIT` = 2^62 up). One is complete once stamped with a version above 0; from
-//! then on the change to the replica is finished even across a crash:
+//! A whole copy's staging chunk replaces the replica; an incremental or compared
+//! copy's is laid over it (its extents are exactly the ranges copied:
+//! [`ALIGN_BYTES`]). The staging chunk holds the source's retained blocks too
+//! (`floe_chunkstore::retained`): they replace the replica's, or for an incremental
+//! copy join those it kept. The staging chunks of chunk `INDEX` are chunks
+//! `INDEX | 2^62` (whole), `INDEX | 2^63` (overlay) and `INDEX | 2^62 | 2^63`
+//! (compared) of the same volume (the wire never carries indexes from
+//! `CHUNK_INDEX_LIMIT` = 2^62 up). One is complete once stamped with a version above
+//! 0; from then on the change to the replica is finished even across a crash:
 //! [`finish_interrupted`] runs before the server serves.
 
+use floe_chunkstore::block_sums::BLOCK_BYTES;
 use floe_chunkstore::space::Room;
 use floe_chunkstore::store::CHUNK_BYTES_MAX;
 use floe_chunkstore::{ChunkMeta, Durability, Store, StoreError};
 use floe_protocol::{ChunkId, CHUNK_INDEX_LIMIT};
+use std::ops::RangeInclusive;
 
 /// Bytes per read of the staging chunk.
 const PIECE_BYTES: u64 = 1 << 20;
@@ -24,14 +29,28 @@ const OVERLAY_BIT: u64 = CHUNK_INDEX_LIMIT << 1;
 /// Copies into an overlay cover whole blocks of this size, so the staging chunk's
 /// extents (block-granular in file systems) are exactly what was copied.
 pub(crate) const ALIGN_BYTES: u64 = 4096;
+/// Every snapshot epoch a replica may retain blocks for.
+const EVERY_EPOCH: RangeInclusive<u32> = 0..=u32::MAX;
 
 /// What a complete staging chunk does to the replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Staged {
-    /// Replaces it: holes included, the staging chunk is the whole replica.
+    /// Replaces it: holes and retained blocks included, the staging chunk is the
+    /// whole replica.
     Whole,
-    /// Is laid over it: ranges changed since the replica's version.
+    /// Is laid over it: ranges changed since the replica's version, and the blocks
+    /// retained since (the repair dropped the replica's own above its version).
     Overlay,
+    /// Is laid over it, its retained blocks replacing the replica's: the blocks that
+    /// differ from a source whose log does not reach back, and all it retains.
+    Compared,
+}
+
+impl Staged {
+    /// Whether the replica's retained blocks give way to the staging chunk's.
+    fn replaces_retained(self) -> bool {
+        self != Staged::Overlay
+    }
 }
 
 /// The staging chunk of `chunk` for `kind`.
@@ -43,6 +62,7 @@ pub(crate) fn of(chunk: ChunkId, kind: Staged) -> ChunkId {
     let bits = match kind {
         Staged::Whole => WHOLE_BIT,
         Staged::Overlay => OVERLAY_BIT,
+        Staged::Compared => WHOLE_BIT | OVERLAY_BIT,
     };
     ChunkId {
         index: chunk.index | bits,
@@ -67,12 +87,15 @@ pub(crate) async fn begin(
             ChunkMeta { view, version: 0 },
         )
         .await?;
+    // Left by a copy that failed part-way.
+    store.release_retained(staging, EVERY_EPOCH).await?;
     Ok(staging)
 }
 
 /// The staging copy holds the chunk at `whole` (what the source held): it replaces
 /// the replica or is laid over it. Returns the bytes moved. A whole copy at version
-/// 0 is of a source that never took a change: the replica is emptied.
+/// 0 is of a source that never took a change: the replica is emptied, of retained
+/// blocks too.
 pub(crate) async fn complete(
     store: &Store,
     chunk: ChunkId,
@@ -81,6 +104,7 @@ pub(crate) async fn complete(
 ) -> Result<u64, StoreError> {
     if whole.version == 0 {
         assert_eq!(kind, Staged::Whole, "{chunk:?}: an overlay up to version 0");
+        store.release_retained(chunk, EVERY_EPOCH).await?;
         store.zero(chunk, 0, CHUNK_BYTES_MAX, true, whole).await?;
         return Ok(0);
     }
@@ -95,9 +119,10 @@ pub async fn finish_interrupted(store: &Store) -> Result<(), StoreError> {
         if staging.index < CHUNK_INDEX_LIMIT || store.meta(staging).version == 0 {
             continue;
         }
-        let kind = match staging.index & OVERLAY_BIT {
-            0 => Staged::Whole,
-            _ => Staged::Overlay,
+        let kind = match (staging.index & WHOLE_BIT, staging.index & OVERLAY_BIT) {
+            (_, 0) => Staged::Whole,
+            (0, _) => Staged::Overlay,
+            _ => Staged::Compared,
         };
         let chunk = ChunkId {
             index: staging.index & (CHUNK_INDEX_LIMIT - 1),
@@ -123,9 +148,10 @@ pub async fn finish_interrupted(store: &Store) -> Result<(), StoreError> {
 }
 
 /// Replaces the replica of `chunk` with, or lays over it, its complete staging chunk,
-/// then empties the staging chunk. Until the last stamp the replica claims version 0
-/// (it holds neither its old state nor the new one), so a failure part-way never has
-/// it claim more than it holds; run again, it ends the same.
+/// retained blocks included, then empties the staging chunk. Until the last stamp the
+/// replica claims version 0 (it holds neither its old state nor the new one), so a
+/// failure part-way never has it claim more than it holds; run again, it ends the
+/// same (the staging chunk's retained blocks go only after that stamp).
 async fn apply(store: &Store, chunk: ChunkId, kind: Staged) -> Result<u64, StoreError> {
     let staging = of(chunk, kind);
     let whole = store.meta(staging);
@@ -137,9 +163,12 @@ async fn apply(store: &Store, chunk: ChunkId, kind: Staged) -> Result<u64, Store
         view: whole.view,
         version: 0,
     };
+    if kind.replaces_retained() {
+        store.release_retained(chunk, EVERY_EPOCH).await?;
+    }
     match kind {
         Staged::Whole => store.zero(chunk, 0, CHUNK_BYTES_MAX, true, unknown).await?,
-        Staged::Overlay => store.set_meta(chunk, unknown).await?,
+        Staged::Overlay | Staged::Compared => store.set_meta(chunk, unknown).await?,
     }
     let mut bytes = 0;
     for (offset, length) in store.extents(staging)? {
@@ -160,10 +189,20 @@ async fn apply(store: &Store, chunk: ChunkId, kind: Staged) -> Result<u64, Store
             bytes += n;
         }
     }
+    for entry in store.retained(staging) {
+        // Listed, so held: only this apply drops the staging chunk's.
+        let block = store
+            .read_retained(staging, entry.epoch, entry.offset)
+            .await?
+            .expect("a listed retained block is held");
+        store.install_retained(chunk, entry, block).await?;
+        bytes += BLOCK_BYTES;
+    }
     store.set_meta(chunk, whole).await?;
     store
         .zero(staging, 0, CHUNK_BYTES_MAX, true, ChunkMeta::default())
         .await?;
+    store.release_retained(staging, EVERY_EPOCH).await?;
     Ok(bytes)
 }
 
@@ -171,6 +210,7 @@ async fn apply(store: &Store, chunk: ChunkId, kind: Staged) -> Result<u64, Store
 mod tests {
     use super::*;
     use bytes::Bytes;
+    use floe_chunkstore::{RetainedBlock, RetainedEntry};
 
     const CHUNK: ChunkId = ChunkId {
         volume_id: 7,
@@ -272,6 +312,67 @@ mod tests {
         expected[..16384].fill(1);
         expected[4096..8192].fill(2);
         assert!(read(&store, CHUNK).await == expected);
+    }
+
+    fn retained(epoch: u32, block: u64, tag: u64) -> RetainedEntry {
+        RetainedEntry {
+            epoch,
+            offset: block * BLOCK_BYTES,
+            tag,
+            zeroes: false,
+        }
+    }
+
+    /// Keeps `entry` in `chunk`, a block of `byte`.
+    async fn keep(store: &Store, chunk: ChunkId, entry: RetainedEntry, byte: u8) {
+        let block = RetainedBlock::Data(Bytes::from(vec![byte; BLOCK_BYTES as usize]));
+        store.install_retained(chunk, entry, block).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_copy_brings_its_retained_blocks_even_across_a_stop_part_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        fill(&store, CHUNK, 0, 1u8, 4096, meta(1, 5)).await;
+        let (own, other) = (retained(1, 0, 3), retained(2, 1, 4));
+        keep(&store, CHUNK, own, 7).await;
+        keep(&store, CHUNK, other, 7).await;
+        // A failed copy's leftovers go when the next one begins.
+        let staging = begin(&store, CHUNK, Staged::Overlay, 2).await.unwrap();
+        keep(&store, staging, retained(9, 9, 9), 9).await;
+        begin(&store, CHUNK, Staged::Overlay, 2).await.unwrap();
+        assert_eq!(store.retained(staging), vec![]);
+        // An overlay adds the source's retained blocks to the replica's.
+        let theirs = retained(3, 2, 7);
+        keep(&store, staging, theirs, 8).await;
+        complete(&store, CHUNK, Staged::Overlay, meta(2, 7))
+            .await
+            .unwrap();
+        assert_eq!(store.retained(CHUNK), vec![own, other, theirs]);
+        assert_eq!(store.retained(staging), vec![]);
+        // A compared copy replaces them, even stopped once it dropped the replica's.
+        let staging = begin(&store, CHUNK, Staged::Compared, 3).await.unwrap();
+        keep(&store, staging, own, 6).await;
+        store.set_meta(staging, meta(3, 9)).await.unwrap();
+        store.release_retained(CHUNK, EVERY_EPOCH).await.unwrap();
+        store.set_meta(CHUNK, meta(3, 0)).await.unwrap();
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        finish_interrupted(&store).await.unwrap();
+        assert_eq!(store.meta(CHUNK), meta(3, 9));
+        assert_eq!(store.retained(CHUNK), vec![own]);
+        let block = store.read_retained(CHUNK, 1, 0).await.unwrap();
+        assert_eq!(
+            block,
+            Some(RetainedBlock::Data(Bytes::from(vec![6u8; 4096])))
+        );
+        assert_eq!(store.retained(staging), vec![]);
+        // A whole copy of a source that never took a change leaves none.
+        begin(&store, CHUNK, Staged::Whole, 4).await.unwrap();
+        complete(&store, CHUNK, Staged::Whole, meta(4, 0))
+            .await
+            .unwrap();
+        assert_eq!(store.retained(CHUNK), vec![]);
     }
 
     #[tokio::test]
