@@ -14,6 +14,7 @@ mod repair;
 pub mod replica;
 mod retained;
 mod staging;
+mod unread;
 
 use bytes::Bytes;
 use floe_chunkstore::block_sums::BLOCK_BYTES;
@@ -314,10 +315,20 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
             Ok(Response::Master(MasterResponse::HeartbeatAck {
                 deleted_volumes,
                 leases,
+                snapshots,
             })) => {
                 corrupt_blocks.clear();
                 for (volume_id, generation) in leases {
                     server.saw_generation(volume_id, generation);
+                }
+                let freed = server.free_unread(&snapshots).await;
+                if freed.epochs > 0 {
+                    tracing::info!(
+                        epochs = freed.epochs,
+                        bytes = freed.bytes,
+                        "freed blocks retained for no snapshot"
+                    );
+                    used_bytes = store.used_bytes();
                 }
                 for volume_id in deleted_volumes {
                     if deleted.insert(volume_id) {
@@ -1511,6 +1522,66 @@ mod tests {
         replica.clone().handle(repair).await
     }
 
+    /// Keeps a block of 0xee as retained by epoch `epoch` for a change of `tag`.
+    async fn keep_retained(store: &Store, chunk: ChunkId, epoch: u32, offset: u64, tag: u64) {
+        let entry = floe_chunkstore::RetainedEntry {
+            epoch,
+            offset,
+            tag,
+            zeroes: false,
+        };
+        let block = floe_chunkstore::RetainedBlock::Data(Bytes::from(vec![0xee; 4096]));
+        store.install_retained(chunk, entry, block).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn heartbeats_free_the_epochs_no_snapshot_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = server(dir.path());
+        let staging = ChunkId {
+            volume_id: VOLUME,
+            index: floe_protocol::CHUNK_INDEX_LIMIT | 5,
+        };
+        let unlisted = ChunkId {
+            volume_id: VOLUME + 1,
+            index: 0,
+        };
+        for (chunk, epoch) in [
+            (CHUNK, 1),
+            (CHUNK, 2),
+            (CHUNK, 3),
+            (staging, 1),
+            (unlisted, 1),
+        ] {
+            keep_retained(&server.store, chunk, epoch, 0, 1).await;
+        }
+        let epochs = |chunk| -> Vec<u32> {
+            let held = server.store.retained_epochs(VOLUME).into_iter();
+            held.filter(|(c, ..)| *c == chunk)
+                .map(|(_, epoch, _)| epoch)
+                .collect()
+        };
+        // Snapshot 2 reads epochs 2 and up; 3 may belong to a snapshot taken since.
+        let readers = floe_protocol::SnapshotReaders {
+            volume_id: VOLUME,
+            epoch: 2,
+            snapshots: vec![2],
+        };
+        let freed = server.free_unread(std::slice::from_ref(&readers)).await;
+        assert_eq!((freed.epochs, freed.bytes), (1, 4096));
+        assert_eq!(epochs(CHUNK), vec![2, 3]);
+        // Snapshot 2 deleted.
+        let none = floe_protocol::SnapshotReaders {
+            snapshots: Vec::new(),
+            ..readers
+        };
+        assert_eq!(server.free_unread(&[none]).await.epochs, 1);
+        assert_eq!(epochs(CHUNK), vec![3]);
+        // A repair's staging chunk and a volume the master did not list keep theirs.
+        assert_eq!(epochs(staging), vec![1]);
+        assert_eq!(server.store.retained_epochs(VOLUME + 1).len(), 1);
+    }
+
     /// The chunk's retained blocks with their bytes.
     async fn retained_blocks(
         server: &ChunkServer,
@@ -1544,24 +1615,13 @@ mod tests {
             }
             request
         };
-        // A divergent block of the replica's own, one the source never retained.
-        async fn stray(replica: &ChunkServer, tag: u64) {
-            let entry = floe_chunkstore::RetainedEntry {
-                epoch: 1,
-                offset: 8192,
-                tag,
-                zeroes: false,
-            };
-            let block = floe_chunkstore::RetainedBlock::Data(Bytes::from(vec![0xee; 4096]));
-            let kept = replica.store.install_retained(CHUNK, entry, block);
-            kept.await.unwrap();
-        }
         // Incremental: the source retained data for epoch 1 since the replica's v1;
         // the replica's block retained for a change above v1 goes.
         let v2 = next_version(v1, 1);
         let response = source.clone().handle(retaining(v1, 1, 0)).await;
         assert!(matches!(response, Response::Done), "{response:?}");
-        stray(&replica, v2).await;
+        // A divergent block of the replica's own, one the source never retained.
+        keep_retained(&replica.store, CHUNK, 1, 8192, v2).await;
         let response = repaired(&replica, RepairKind::CatchUp).await;
         assert!(
             matches!(
@@ -1580,7 +1640,7 @@ mod tests {
         // replica's stray block goes.
         let response = source.clone().handle(retaining(v2, 2, 4096)).await;
         assert!(matches!(response, Response::Done), "{response:?}");
-        stray(&replica, v1).await;
+        keep_retained(&replica.store, CHUNK, 1, 8192, v1).await;
         drop((source, replica));
         let source = server(a.path());
         let replica = server_over(b.path(), ConnectionPool::over(Arc::new(To(source.clone()))));
@@ -1596,7 +1656,7 @@ mod tests {
         assert_eq!(carried.len(), 2, "{carried:?}");
         assert_eq!(carried, retained_blocks(&source).await);
         // Whole: the source's set in place of the replica's.
-        stray(&replica, v1).await;
+        keep_retained(&replica.store, CHUNK, 1, 8192, v1).await;
         let response = repaired(&replica, RepairKind::Whole).await;
         assert!(status(&response).is_none(), "{response:?}");
         assert_eq!(retained_blocks(&replica).await, carried);

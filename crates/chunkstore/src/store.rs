@@ -504,6 +504,12 @@ impl Store {
         self.submit(change, Bytes::new(), Reservation::none()).await
     }
 
+    /// Which chunks of the volume retain blocks for which epochs, and the bytes each
+    /// such (chunk, epoch) holds, by chunk and epoch.
+    pub fn retained_epochs(&self, volume_id: u64) -> Vec<(ChunkId, u32, u64)> {
+        self.files.retained.sidecars_of(volume_id)
+    }
+
     /// The chunk's retained blocks, by epoch and offset (those of unsynced changes
     /// once synced).
     pub fn retained(&self, chunk: ChunkId) -> Vec<RetainedEntry> {

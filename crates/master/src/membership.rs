@@ -172,6 +172,7 @@ impl Master {
                 .iter()
                 .map(|(volume_id, lease)| (*volume_id, lease.generation))
                 .collect(),
+            snapshots: state.snapshot_readers(),
         })
     }
 

@@ -12,7 +12,7 @@ use crate::{Failure, Master, Reply};
 use floe_protocol::snapshot::{
     check_snapshot_name, split_index, SNAPSHOT_CONFIRM_WAIT, SNAPSHOT_EPOCH_MAX,
 };
-use floe_protocol::{MasterResponse, Snapshot, SnapshotEpochs, Status, Volume};
+use floe_protocol::{MasterResponse, Snapshot, SnapshotEpochs, SnapshotReaders, Status, Volume};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -66,6 +66,20 @@ impl State {
             epoch: volume.snapshot_epoch,
             preserving: !volume.snapshots.is_empty(),
         }
+    }
+
+    /// What chunk servers free retained blocks by: every volume that ever had a
+    /// snapshot (the others retained nothing).
+    pub(crate) fn snapshot_readers(&self) -> Vec<SnapshotReaders> {
+        self.volumes
+            .values()
+            .filter(|volume| volume.snapshot_epoch > 0)
+            .map(|volume| SnapshotReaders {
+                volume_id: volume.id,
+                epoch: volume.snapshot_epoch,
+                snapshots: volume.snapshots.iter().map(|s| s.epoch).collect(),
+            })
+            .collect()
     }
 
     fn snapshot_of<'a>(volume: &'a Volume, snapshot: &str) -> Result<&'a Snapshot, Failure> {

@@ -1,18 +1,11 @@
 //! The master's side of the single-writer lease: a lapsed lease goes to another
 //! gateway only once the holder's own timing of it has certainly ended.
 
-use floe_master::{Master, Settings, LEASE_DRIFT_MARGIN, LEASE_TERM};
-use floe_metadata::memory::MemoryStore;
-use floe_protocol::server::Handler;
-use floe_protocol::{
-    ConnectionPool, DeviceClass, MasterRequest, MasterResponse, Registration, Request, Response,
-    Status, VolumeMode, VolumeSpec,
-};
-use std::sync::Arc;
+mod common;
 
-async fn call(master: &Arc<Master>, request: MasterRequest) -> Response {
-    master.clone().handle(Request::Master(request)).await
-}
+use common::{call, master_with_a_volume};
+use floe_master::{LEASE_DRIFT_MARGIN, LEASE_TERM};
+use floe_protocol::{MasterRequest, MasterResponse, Response, Status};
 
 fn acquire(holder: &str) -> MasterRequest {
     MasterRequest::AcquireLease {
@@ -20,43 +13,6 @@ fn acquire(holder: &str) -> MasterRequest {
         holder: holder.into(),
         attempt: 0,
     }
-}
-
-/// A master with `replicas` servers and volume `demo` (that many replicas).
-async fn master_with_a_volume(replicas: u32) -> Arc<Master> {
-    let master = Arc::new(
-        Master::load(
-            Box::new(MemoryStore::default()),
-            Settings::default(),
-            ConnectionPool::default(),
-        )
-        .await
-        .unwrap(),
-    );
-    for n in 0..replicas {
-        let register = MasterRequest::Register(Registration {
-            uuid: format!("server-{n}"),
-            address: format!("127.0.0.1:{}", n + 1),
-            host: format!("host-{n}"),
-            class: DeviceClass::Ssd,
-            emulated: false,
-            capacity_bytes: 1 << 30,
-        });
-        call(&master, register).await;
-    }
-    let spec = VolumeSpec {
-        name: "demo".into(),
-        size_bytes: 1 << 30,
-        replicas,
-        chunk_bytes: 64 << 20,
-        stripe_unit_bytes: 64 << 10,
-        stripe_count: 1,
-        mode: VolumeMode::Ssd,
-        write_mode: Default::default(),
-    };
-    let created = call(&master, MasterRequest::CreateVolume(spec)).await;
-    assert!(matches!(created, Response::Master(_)), "{created:?}");
-    master
 }
 
 #[tokio::test(start_paused = true)]

@@ -47,7 +47,7 @@ pub use message::{
     ReplicaRequest, ReplicaResponse, Request, Response, RetainedInfo,
 };
 pub use session::{GatewayInfo, SessionInfo, SessionMove};
-pub use snapshot::{Snapshot, SnapshotEpochs};
+pub use snapshot::{Snapshot, SnapshotEpochs, SnapshotReaders};
 pub use transport::{ConnectionPool, Transport};
 pub use types::*;
 

@@ -455,6 +455,10 @@ pub enum MasterResponse {
         /// (volume id, current lease generation): older writers are fenced off.
         #[serde(default)]
         leases: Vec<(u64, u32)>,
+        /// Every volume that ever had a snapshot: servers free the blocks they
+        /// retained that no snapshot reads.
+        #[serde(default)]
+        snapshots: Vec<crate::SnapshotReaders>,
     },
     Volume(Volume),
     Volumes {

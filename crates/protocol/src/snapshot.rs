@@ -71,6 +71,27 @@ pub struct SnapshotEpochs {
     pub preserving: bool,
 }
 
+/// A volume's snapshots as its chunk servers need them to free retained blocks
+/// (`floe_chunkstore::retained`), sent with each heartbeat acknowledgment. Snapshot
+/// `s` reads blocks retained for epochs `s` and up, the lowest first, so blocks
+/// retained for epoch `t` are read only if some snapshot is at or below `t`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotReaders {
+    pub volume_id: u64,
+    /// The volume's snapshot epoch when sent. A snapshot taken since has a higher
+    /// one, so blocks retained above it are kept whatever the list says.
+    pub epoch: u32,
+    /// The epochs of the volume's snapshots, pending ones included.
+    pub snapshots: Vec<u32>,
+}
+
+impl SnapshotReaders {
+    /// Whether no snapshot, now or later, reads blocks retained for `epoch`.
+    pub fn unread(&self, epoch: u32) -> bool {
+        epoch <= self.epoch && self.snapshots.iter().all(|&s| s > epoch)
+    }
+}
+
 impl SnapshotEpochs {
     /// The newer of two answers: a reply sent before a snapshot was taken may arrive
     /// after one sent later (renewals and long-polls race), and epochs never go back.
@@ -123,6 +144,24 @@ mod tests {
             (SNAPSHOT_EPOCH_MAX, (1 << SNAPSHOT_TAG_SHIFT) - 1)
         );
         assert_eq!(split_index(7), (0, 7));
+    }
+
+    #[test]
+    fn retained_blocks_are_unread_below_every_snapshot_and_never_above_the_epoch_sent() {
+        let readers = SnapshotReaders {
+            volume_id: 1,
+            epoch: 6,
+            snapshots: vec![3, 5],
+        };
+        let unread: Vec<u32> = (0..9).filter(|&t| readers.unread(t)).collect();
+        // Snapshot 3 reads epochs 3 and up; 7 and 8 may belong to a newer snapshot.
+        assert_eq!(unread, vec![0, 1, 2]);
+        let none_left = SnapshotReaders {
+            snapshots: Vec::new(),
+            ..readers
+        };
+        let unread: Vec<u32> = (0..9).filter(|&t| none_left.unread(t)).collect();
+        assert_eq!(unread, (0..=6).collect::<Vec<u32>>());
     }
 
     #[test]

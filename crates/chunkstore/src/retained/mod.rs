@@ -251,6 +251,23 @@ impl Retained {
         Ok(())
     }
 
+    /// The volume's sidecars: (chunk, epoch, bytes of data).
+    pub(crate) fn sidecars_of(&self, volume_id: u64) -> Vec<(ChunkId, u32, u64)> {
+        let first = ChunkId {
+            volume_id,
+            index: 0,
+        };
+        let last = ChunkId {
+            volume_id,
+            index: u64::MAX,
+        };
+        let sidecars = self.sidecars.lock().unwrap();
+        sidecars
+            .range((first, 0)..=(last, u32::MAX))
+            .map(|(&(chunk, epoch), sidecar)| (chunk, epoch, sidecar.data_bytes()))
+            .collect()
+    }
+
     /// Bytes of retained data held, every chunk.
     pub(crate) fn bytes(&self) -> u64 {
         let sidecars = self.sidecars.lock().unwrap();
