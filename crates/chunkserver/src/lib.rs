@@ -523,9 +523,13 @@ impl ChunkServer {
                             tracing::error!(?chunk, "{why}");
                             return Response::error(Status::BadRequest, why);
                         }
-                        // Refused for space before the version is taken: the replica
-                        // stays as it was, and the writer knows it lacks the change.
+                        // Refused for space (or a store that cannot retain) before
+                        // the version is taken: the replica stays as it was, and the
+                        // writer knows it lacks the change.
                         let reserved = match &change {
+                            _ if change.retain().is_some() => {
+                                self.store.reserve_retaining(offset, change.length(), room)
+                            }
                             Change::Write { data, .. } => {
                                 self.store.reserve_write(offset, data.len() as u64, room)
                             }
@@ -1662,17 +1666,12 @@ mod tests {
         assert_eq!(retained_blocks(&replica).await, carried);
     }
 
-    /// GetCost over the wire: a chained-log store answers what reading a block costs
-    /// it (the files engine cannot tell); an offset past the chunk is refused.
-    #[tokio::test]
-    async fn a_replica_answers_what_reading_a_block_costs_its_store() {
-        let (files, chain) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    /// A server whose store is a chained log over three small disks in `dir`.
+    fn chained_server(dir: &std::path::Path) -> Arc<ChunkServer> {
         let options = StoreOptions {
             chain: Some(floe_chunkstore::ChainOptions {
-                disks: (0..3)
-                    .map(|d| chain.path().join(format!("disk{d}")))
-                    .collect(),
-                cache_dir: chain.path().join("flash"),
+                disks: (0..3).map(|d| dir.join(format!("disk{d}"))).collect(),
+                cache_dir: dir.join("flash"),
                 disk_bytes: 8 << 20,
                 cache_bytes: 0,
                 flash_cache_bytes: 0,
@@ -1681,12 +1680,36 @@ mod tests {
             }),
             ..StoreOptions::default()
         };
-        let logged = Arc::new(ChunkServer {
-            store: Store::open_with(&chain.path().join("data"), &options).unwrap(),
+        Arc::new(ChunkServer {
+            store: Store::open_with(&dir.join("data"), &options).unwrap(),
             peers: ConnectionPool::default(),
             slots: Mutex::default(),
             generations: Mutex::default(),
-        });
+        })
+    }
+
+    #[tokio::test]
+    async fn a_store_that_cannot_retain_refuses_before_the_version_is_taken() {
+        let chain = tempfile::tempdir().unwrap();
+        let server = chained_server(chain.path());
+        let v1 = next_version(0, 1);
+        let mut retaining = at_epoch(write(CHUNK, 0, 0, v1, 0), 1);
+        if let Request::Write { retain, .. } = &mut retaining {
+            *retain = true;
+        }
+        let refused = server.clone().handle(retaining).await;
+        assert_eq!(status(&refused), Some(Status::BadRequest), "{refused:?}");
+        // The replica took nothing: the same change unflagged goes on.
+        let response = server.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+    }
+
+    /// GetCost over the wire: a chained-log store answers what reading a block costs
+    /// it (the files engine cannot tell); an offset past the chunk is refused.
+    #[tokio::test]
+    async fn a_replica_answers_what_reading_a_block_costs_its_store() {
+        let (files, chain) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let logged = chained_server(chain.path());
         let cost = |offset| {
             Request::Replica(ReplicaRequest::ReadCost {
                 chunk: CHUNK,

@@ -272,6 +272,25 @@ impl Store {
         self.reserve_write(offset, length, Room::Normal)
     }
 
+    /// [`Store::reserve_write`] for a change that retains old blocks (`retain:
+    /// Some`), write or zero: room for what it keeps as well, and refused here,
+    /// before a replica takes the change's version, where this store cannot retain
+    /// for it.
+    pub fn reserve_retaining(
+        &self,
+        offset: u64,
+        length: u64,
+        room: Room,
+    ) -> Result<Reservation, StoreError> {
+        check_range(offset, length)?;
+        self.check_retaining(length)?;
+        self.space.reserve(
+            crate::retained::retaining_needs(offset, length),
+            self.journal_backlog(),
+            room,
+        )
+    }
+
     /// The data directory's file system as the master is told about it.
     pub fn space_report(&self) -> Result<SpaceReport, StoreError> {
         self.space.report(self.journal_backlog())

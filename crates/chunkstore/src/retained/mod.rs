@@ -275,6 +275,19 @@ impl Retained {
     }
 }
 
+/// Bytes a retaining change of `length` at `offset` may allocate, the change and
+/// the old blocks it keeps together. Where a block held data the change allocates
+/// nothing in the chunk file but keeps a block in a sidecar; where it held a hole the
+/// change may allocate and keeps only a mark: so the range's own bound covers both,
+/// a punch included, plus the index entries.
+pub(crate) fn retaining_needs(offset: u64, length: u64) -> u64 {
+    if length == 0 {
+        return 0;
+    }
+    let blocks = (offset + length).div_ceil(BLOCK_BYTES) - offset / BLOCK_BYTES;
+    crate::space::write_needs(offset, length) + sidecar::index_needs(blocks)
+}
+
 /// The number of the block holding `offset` in its chunk.
 pub(crate) fn block_of(offset: u64) -> u32 {
     u32::try_from(offset / BLOCK_BYTES).expect("chunks hold fewer than 2^32 blocks")

@@ -27,6 +27,12 @@ use std::path::Path;
 use super::BLOCK_BYTES;
 
 const ENTRY_BYTES: u64 = 32;
+
+/// Bytes the index entries of `blocks` new slots may allocate (a partial page at
+/// each end).
+pub(crate) fn index_needs(blocks: u64) -> u64 {
+    ((blocks * ENTRY_BYTES).div_ceil(BLOCK_BYTES) + 1) * BLOCK_BYTES
+}
 const ZEROES: u32 = 1;
 const DROPPED: u32 = 2;
 
