@@ -1689,19 +1689,49 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_store_that_cannot_retain_refuses_before_the_version_is_taken() {
-        let chain = tempfile::tempdir().unwrap();
-        let server = chained_server(chain.path());
+    async fn a_chained_log_retains_and_a_hybrid_store_refuses_before_the_version() {
+        let (chain, ssd, hdd) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let options = StoreOptions {
+            journal_dirs: vec![floe_chunkstore::JournalDir {
+                dir: ssd.path().to_path_buf(),
+                quota_bytes: 4 << 20,
+            }],
+            local_journal_quota_bytes: 4 << 20,
+            ..StoreOptions::default()
+        };
+        let hybrid = Arc::new(ChunkServer {
+            store: Store::open_with(hdd.path(), &options).unwrap(),
+            peers: ConnectionPool::default(),
+            slots: Mutex::default(),
+            generations: Mutex::default(),
+        });
         let v1 = next_version(0, 1);
-        let mut retaining = at_epoch(write(CHUNK, 0, 0, v1, 0), 1);
-        if let Request::Write { retain, .. } = &mut retaining {
-            *retain = true;
-        }
-        let refused = server.clone().handle(retaining).await;
+        let v2 = next_version(v1, 1);
+        let retaining = |prev, version| {
+            let mut request = at_epoch(write(CHUNK, 0, prev, version, 0), 1);
+            if let Request::Write { retain, .. } = &mut request {
+                *retain = true;
+            }
+            request
+        };
+        let refused = hybrid.clone().handle(retaining(0, v1)).await;
         assert_eq!(status(&refused), Some(Status::BadRequest), "{refused:?}");
         // The replica took nothing: the same change unflagged goes on.
-        let response = server.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+        let response = hybrid.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
         assert!(matches!(response, Response::Done), "{response:?}");
+        // A chained log keeps the old block (read from the chain) as a plain store does.
+        let chained = chained_server(chain.path());
+        let response = chained.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        let response = chained.clone().handle(retaining(v1, v2)).await;
+        assert!(matches!(response, Response::Done), "{response:?}");
+        let old = chained.store.read_retained(CHUNK, 1, 0).await.unwrap();
+        let expected = floe_chunkstore::RetainedBlock::Data(Bytes::from(vec![0xab; 4096]));
+        assert_eq!(old, Some(expected));
     }
 
     /// GetCost over the wire: a chained-log store answers what reading a block costs

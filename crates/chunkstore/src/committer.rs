@@ -384,12 +384,15 @@ impl Committer {
             }
             _ => {}
         }
-        // The chain takes the data instead of chunk files.
+        // The chain takes the data instead of chunk files; a deleted volume's
+        // retained blocks are in sidecars beside it (below).
         if let Some(chain) = &self.files.chain {
             for offset in chain.apply(header, data)? {
                 self.files.found_corrupt(chunk, offset, "chain");
             }
-            return Ok(());
+            if header.kind != Kind::DeleteVolume {
+                return Ok(());
+            }
         }
         match header.kind {
             Kind::Stamp | Kind::Intent => return Ok(()),

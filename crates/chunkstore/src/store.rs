@@ -220,9 +220,7 @@ impl Store {
             }
             committer
         } else {
-            if files.chain.is_none() {
-                files.retained = Retained::load(&*disk, dir)?;
-            }
+            files.retained = Retained::load(&*disk, dir)?;
             Committer::open_direct(&wal, Arc::new(files), wal_quota)?
         };
         // Entries made above, a first open's, and the removal of a drained log.
@@ -404,7 +402,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         // A store that cannot retain holds nothing to release (and its journals take
         // no such record).
-        if self.check_plain().is_err() {
+        if self.check_can_retain().is_err() {
             return Ok(());
         }
         let (first, last) = (*epochs.start() as u64, *epochs.end() as u64);
@@ -485,7 +483,7 @@ impl Store {
         entry: RetainedEntry,
         block: RetainedBlock,
     ) -> Result<(), StoreError> {
-        self.check_plain()?;
+        self.check_can_retain()?;
         let data = match block {
             RetainedBlock::Zeroes => Bytes::new(),
             RetainedBlock::Data(data) => data,
@@ -512,7 +510,7 @@ impl Store {
     /// `above` replaces them). Resolves once durable.
     pub async fn trim_retained(&self, chunk: ChunkId, above: u64) -> Result<(), StoreError> {
         // As with release: a store that cannot retain holds nothing to drop.
-        if self.check_plain().is_err() {
+        if self.check_can_retain().is_err() {
             return Ok(());
         }
         let meta = ChunkMeta {
@@ -600,12 +598,12 @@ impl Store {
         result.await.map_err(|_| StoreError::ShutDown)?
     }
 
-    /// Whether this store keeps retained blocks.
-    fn check_plain(&self) -> Result<(), StoreError> {
-        if self.files.journals.is_some() || self.files.chain.is_some() {
+    /// Whether this store keeps retained blocks: a plain store or a chained log does
+    /// (in sidecar files beside its chunks or its chain), a hybrid one not yet.
+    fn check_can_retain(&self) -> Result<(), StoreError> {
+        if self.files.journals.is_some() {
             return Err(StoreError::Unsupported(
-                "only a plain store (no --journal, no chained log) retains blocks for snapshots"
-                    .into(),
+                "a hybrid store (--journal) does not retain blocks for snapshots yet".into(),
             ));
         }
         Ok(())
@@ -613,7 +611,7 @@ impl Store {
 
     /// Whether this store may retain for a change of `length` bytes.
     fn check_retaining(&self, length: u64) -> Result<(), StoreError> {
-        self.check_plain()?;
+        self.check_can_retain()?;
         if length > RETAIN_CHANGE_BYTES_MAX {
             return Err(StoreError::Unsupported(format!(
                 "a change that retains old blocks covers at most {RETAIN_CHANGE_BYTES_MAX} bytes, not {length}: split it"
@@ -856,7 +854,7 @@ impl Store {
     /// blocks included.
     pub fn used_bytes(&self) -> u64 {
         if let Some(chain) = &self.files.chain {
-            return chain.stats().live_blocks * BLOCK_BYTES;
+            return chain.stats().live_blocks * BLOCK_BYTES + self.files.retained.bytes();
         }
         let disk = &self.files.disk;
         self.files.retained.bytes()

@@ -18,9 +18,10 @@
 //! checksum (a byte flipped under it fails the read). What was recovered is then the
 //! baseline of the next round.
 //!
-//! Plain mode's writes and zeroes also retain old blocks for a snapshot epoch, and
-//! some changes release epochs (see `floe_chunkstore::retained`). At the point `p`
-//! that explains a chunk, its retained blocks must be exactly those the history up
+//! Writes and zeroes also retain old blocks for a snapshot epoch (plain and chain
+//! modes; hybrid stores refuse), and some changes release epochs (see
+//! `floe_chunkstore::retained`). At the point `p` that explains a chunk, its
+//! retained blocks must be exactly those the history up
 //! to `p` retained, each holding the block as it was just before the change that
 //! retained it and tagged with that change's version; the only extras allowed are
 //! blocks of the next change (its `Retain` records precede it in the log), holding
@@ -92,6 +93,11 @@ enum Mode {
 }
 
 impl Mode {
+    /// Whether its store retains old blocks for snapshots (hybrid ones refuse).
+    fn retains(self) -> bool {
+        self != Mode::Hybrid
+    }
+
     /// The chain's disk size and its filler's, in chain modes.
     fn chain(self) -> Option<(u64, u64)> {
         match self {
@@ -147,19 +153,19 @@ enum Op {
     SetMeta {
         chunk: usize,
     },
-    /// Drops the chunk's retained blocks of epochs up to `upto` (plain mode only).
+    /// Drops the chunk's retained blocks of epochs up to `upto` (not in hybrid mode).
     Release {
         chunk: usize,
         upto: u32,
     },
     /// Drops the chunk's retained blocks tagged above its version `back` versions ago
-    /// (plain mode only: a repair's trim).
+    /// (not in hybrid mode: a repair's trim).
     Trim {
         chunk: usize,
         back: u64,
     },
     /// Keeps a block as if epoch `epoch` had retained it, tagged with the chunk's
-    /// version (plain mode only: a repair's copy).
+    /// version (not in hybrid mode: a repair's copy).
     Install {
         chunk: usize,
         epoch: u32,
@@ -636,7 +642,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 unsynced,
                 retain,
             } => {
-                let retain = retain.filter(|_| model.mode == Mode::Plain);
+                let retain = retain.filter(|_| model.mode.retains());
                 let id = model.next_id;
                 model.next_id += 1;
                 let data: Vec<u8> = (offset..offset + length)
@@ -665,7 +671,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 punch,
                 retain,
             } => {
-                let retain = retain.filter(|_| model.mode == Mode::Plain);
+                let retain = retain.filter(|_| model.mode.retains());
                 let meta = model.meta(chunk);
                 let store = store.clone();
                 handles.push(tokio::spawn(async move {
@@ -694,7 +700,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 vec![(chunk, model.change(meta, None), false)]
             }
             Op::Release { chunk, upto } => {
-                if model.mode != Mode::Plain {
+                if !model.mode.retains() {
                     continue;
                 }
                 let store = store.clone();
@@ -711,7 +717,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 vec![(chunk, change, false)]
             }
             Op::Trim { chunk, back } => {
-                if model.mode != Mode::Plain {
+                if !model.mode.retains() {
                     continue;
                 }
                 let meta = model.chunks[chunk].last_meta;
@@ -732,7 +738,7 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 block,
                 zeroes,
             } => {
-                if model.mode != Mode::Plain {
+                if !model.mode.retains() {
                     continue;
                 }
                 let meta = model.chunks[chunk].last_meta;

@@ -265,7 +265,7 @@ async fn stores_that_cannot_retain_say_so() {
         )
         .await;
     assert!(
-        matches!(&refused, Err(StoreError::Unsupported(m)) if m.contains("plain store")),
+        matches!(&refused, Err(StoreError::Unsupported(m)) if m.contains("hybrid store")),
         "{refused:?}"
     );
     // Refused before it was logged: the chunk did not change.

@@ -243,7 +243,7 @@ impl Chain {
             Kind::Write | Kind::Bypass => Some(data),
             Kind::Zero | Kind::Punch => None,
             Kind::Retain | Kind::Release | Kind::Trim => {
-                unreachable!("chained stores do not retain")
+                unreachable!("retained blocks live in sidecars beside the chain")
             }
         };
         state.maps.touch(chunk);

@@ -169,13 +169,18 @@ impl Committer {
         earlier: &[Change],
     ) -> Result<Vec<u8>, StoreError> {
         let mut block = vec![0u8; BLOCK_BYTES as usize];
-        if let Some(file) = self.files.get(chunk, false)? {
-            if let Err(e) = file.read(&mut block, at, &|_| false) {
-                if let StoreError::Corrupt { offset, place, .. } = &e {
-                    self.files.found_corrupt(chunk, *offset, place);
-                }
-                return Err(e);
+        let read = match &self.files.chain {
+            Some(chain) => chain.read(chunk, at, &mut block, true),
+            None => match self.files.get(chunk, false)? {
+                Some(file) => file.read(&mut block, at, &|_| false),
+                None => Ok(()),
+            },
+        };
+        if let Err(e) = read {
+            if let StoreError::Corrupt { offset, place, .. } = &e {
+                self.files.found_corrupt(chunk, *offset, place);
             }
+            return Err(e);
         }
         let held = self.held_unsynced().map(|(h, d)| (h, &d[..]));
         let batch = earlier.iter().map(|c| (&c.header, &c.data[..]));

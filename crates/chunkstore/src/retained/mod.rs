@@ -16,7 +16,10 @@
 //!   dropped, or epochs no snapshot reads); deleting a volume drops its sidecars with
 //!   its chunk files.
 //!
-//! Plain mode only for now: hybrid and chained stores refuse retaining changes.
+//! Plain stores and chained logs retain (a chained log reads the old block from the
+//! chain and keeps it in the same sidecars, in its data directory; re-keying the
+//! chain's own slot would copy nothing, a later step); hybrid stores refuse
+//! retaining changes for now.
 
 pub(crate) mod capture;
 mod sidecar;
