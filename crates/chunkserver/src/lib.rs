@@ -877,14 +877,32 @@ impl ChunkServer {
                     None => Ok(ReplicaResponse::Done),
                 }
             }
-            ReplicaRequest::Checksum { chunk, length } => {
+            ReplicaRequest::Checksum {
+                chunk,
+                length,
+                readers,
+            } => {
                 let version = self.state(chunk).version;
                 let (crc, bad) = self
                     .store
                     .checksum(chunk, length)
                     .await
                     .map_err(control_store_error)?;
-                Ok(ReplicaResponse::Checksum { version, crc, bad })
+                // Epochs no snapshot reads are left out: replicas free them at
+                // different times.
+                let read = |epoch| readers.as_ref().is_none_or(|r| !r.unread(epoch));
+                let (retained, bad_retained) = self
+                    .store
+                    .retained_checksum(chunk, read)
+                    .await
+                    .map_err(control_store_error)?;
+                Ok(ReplicaResponse::Checksum {
+                    version,
+                    crc,
+                    bad,
+                    retained,
+                    bad_retained,
+                })
             }
             ReplicaRequest::Heal {
                 chunk,
@@ -1586,6 +1604,59 @@ mod tests {
         assert_eq!(server.store.retained_epochs(VOLUME + 1).len(), 1);
     }
 
+    #[tokio::test]
+    async fn a_replica_digests_the_retained_blocks_snapshots_read_and_names_those_that_rot() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (one, two) = (server(a.path()), server(b.path()));
+        for server in [&one, &two] {
+            keep_retained(&server.store, CHUNK, 1, 0, 1).await;
+            keep_retained(&server.store, CHUNK, 2, 4096, 2).await;
+        }
+        let checksum = |server: Arc<ChunkServer>, readers| async move {
+            let request = ReplicaRequest::Checksum {
+                chunk: CHUNK,
+                length: 16384,
+                readers,
+            };
+            match server.handle(Request::Replica(request)).await {
+                Response::Replica(ReplicaResponse::Checksum {
+                    retained,
+                    bad_retained,
+                    ..
+                }) => (retained, bad_retained),
+                other => panic!("{other:?}"),
+            }
+        };
+        let (all, bad) = checksum(one.clone(), None).await;
+        assert_eq!(bad, vec![]);
+        assert_eq!(checksum(two.clone(), None).await, (all, vec![]));
+        // Only snapshot 2 is left: no snapshot reads epoch 1, which one replica freed.
+        let readers = floe_protocol::SnapshotReaders {
+            volume_id: VOLUME,
+            epoch: 2,
+            snapshots: vec![2],
+        };
+        two.store.release_retained(CHUNK, 1..=1).await.unwrap();
+        let (read, _) = checksum(one.clone(), Some(readers.clone())).await;
+        assert_ne!(read, all);
+        assert_eq!(
+            checksum(two.clone(), Some(readers.clone())).await,
+            (read, vec![])
+        );
+        // A byte of epoch 2's block rots on one replica.
+        let sidecar = b
+            .path()
+            .join("chunks")
+            .join(format!("{VOLUME:016x}"))
+            .join(format!("{:016x}.r{:08x}", CHUNK.index, 2));
+        let mut bytes = std::fs::read(&sidecar).unwrap();
+        bytes[0] ^= 1;
+        std::fs::write(&sidecar, bytes).unwrap();
+        let (rotten, bad) = checksum(two.clone(), Some(readers)).await;
+        assert_eq!(bad, vec![(2, 4096)]);
+        assert_ne!(rotten, read);
+    }
+
     /// The chunk's retained blocks with their bytes.
     async fn retained_blocks(
         server: &ChunkServer,
@@ -1813,6 +1884,7 @@ mod tests {
                 Request::Replica(ReplicaRequest::Checksum {
                     chunk,
                     length: 4096,
+                    readers: None,
                 }),
                 Request::Replica(ReplicaRequest::LogSince { chunk, since: 0 }),
             ];
@@ -1839,6 +1911,7 @@ mod tests {
         let request = ReplicaRequest::Checksum {
             chunk: CHUNK,
             length: 4096,
+            readers: None,
         };
         let response = server.clone().handle(Request::Replica(request)).await;
         assert_eq!(status(&response), Some(Status::Io), "{response:?}");

@@ -467,6 +467,41 @@ impl Store {
         Ok(out.freeze())
     }
 
+    /// A digest of the chunk's retained blocks of the epochs `keep` accepts, each read
+    /// and checked: crc32c over (epoch, offset, the data's crc32c; 0 for zeroes, all
+    /// ones for a block that fails), in order, and the (epoch, offset) of those that
+    /// fail. What scrub compares across replicas.
+    pub async fn retained_checksum(
+        &self,
+        chunk: ChunkId,
+        keep: impl Fn(u32) -> bool,
+    ) -> Result<(u32, Vec<(u32, u64)>), StoreError> {
+        let mut digest = 0;
+        let mut bad = Vec::new();
+        for entry in self.retained(chunk) {
+            if !keep(entry.epoch) {
+                continue;
+            }
+            let crc = match self.read_retained(chunk, entry.epoch, entry.offset).await {
+                Ok(Some(RetainedBlock::Data(data))) => crc32c::crc32c(&data),
+                Ok(Some(RetainedBlock::Zeroes)) => 0,
+                // Freed since it was listed.
+                Ok(None) => continue,
+                Err(StoreError::Corrupt { .. }) => {
+                    bad.push((entry.epoch, entry.offset));
+                    u32::MAX
+                }
+                Err(e) => return Err(e),
+            };
+            let mut item = [0u8; 16];
+            item[..4].copy_from_slice(&entry.epoch.to_le_bytes());
+            item[4..12].copy_from_slice(&entry.offset.to_le_bytes());
+            item[12..].copy_from_slice(&crc.to_le_bytes());
+            digest = crc32c::crc32c_append(digest, &item);
+        }
+        Ok((digest, bad))
+    }
+
     /// The chunk's retained blocks tagged above `since`, by epoch and offset: what a
     /// repair from version `since` copies.
     pub fn retained_since(&self, chunk: ChunkId, since: u64) -> Vec<RetainedEntry> {

@@ -74,11 +74,7 @@ impl State {
         self.volumes
             .values()
             .filter(|volume| volume.snapshot_epoch > 0)
-            .map(|volume| SnapshotReaders {
-                volume_id: volume.id,
-                epoch: volume.snapshot_epoch,
-                snapshots: volume.snapshots.iter().map(|s| s.epoch).collect(),
-            })
+            .map(SnapshotReaders::of)
             .collect()
     }
 

@@ -369,8 +369,14 @@ pub enum ReplicaRequest {
         bytes_per_second: u64,
     },
     /// crc32c of the replica's first `length` bytes, with its version and the blocks
-    /// that fail their own checksums.
-    Checksum { chunk: ChunkId, length: u64 },
+    /// that fail their own checksums; and a digest of the blocks it retained that the
+    /// snapshots of `readers` may read (every one, without), with those that fail.
+    Checksum {
+        chunk: ChunkId,
+        length: u64,
+        #[serde(default)]
+        readers: Option<crate::SnapshotReaders>,
+    },
     /// Rewrites blocks of this replica that fail their checksums, each from the first
     /// of its sources whose copy checks, while the replica and they stay at `version`.
     Heal {
@@ -541,6 +547,13 @@ pub enum ReplicaResponse {
         /// `crc`).
         #[serde(default)]
         bad: Vec<u64>,
+        /// crc32c over the retained blocks asked for: (epoch, offset, and the data's
+        /// crc32c, 0 for zeroes, all ones for a block that fails), in order.
+        #[serde(default)]
+        retained: u32,
+        /// (epoch, offset) of the retained blocks that fail their checksums.
+        #[serde(default)]
+        bad_retained: Vec<(u32, u64)>,
     },
     /// Blocks rewritten by a heal.
     Healed {
@@ -1040,6 +1053,8 @@ mod tests {
                     version: 5,
                     crc: 6,
                     bad: vec![4096],
+                    retained: 7,
+                    bad_retained: vec![(3, 8192)],
                 }),
             ),
             (KIND_REPLICA, Response::Replica(ReplicaResponse::Done)),
@@ -1057,7 +1072,12 @@ mod tests {
             volume_id: 1,
             index: 2,
         };
-        let replica = Request::Replica(ReplicaRequest::Checksum { chunk, length: 4 }).encode(1);
+        let checksum = ReplicaRequest::Checksum {
+            chunk,
+            length: 4,
+            readers: None,
+        };
+        let replica = Request::Replica(checksum).encode(1);
         let master = Request::Master(MasterRequest::Scrub { name: "v".into() }).encode(2);
         for (frame, kind) in [(replica, KIND_MASTER), (master, KIND_REPLICA)] {
             let misdirected = Frame { kind, ..frame };

@@ -86,6 +86,15 @@ pub struct SnapshotReaders {
 }
 
 impl SnapshotReaders {
+    /// The volume's as it stands.
+    pub fn of(volume: &crate::Volume) -> SnapshotReaders {
+        SnapshotReaders {
+            volume_id: volume.id,
+            epoch: volume.snapshot_epoch,
+            snapshots: volume.snapshots.iter().map(|s| s.epoch).collect(),
+        }
+    }
+
     /// Whether no snapshot, now or later, reads blocks retained for `epoch`.
     pub fn unread(&self, epoch: u32) -> bool {
         epoch <= self.epoch && self.snapshots.iter().all(|&s| s > epoch)

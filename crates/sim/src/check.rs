@@ -154,14 +154,22 @@ pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
             let request = Request::Replica(ReplicaRequest::Checksum {
                 chunk,
                 length: map.volume.spec.chunk_bytes,
+                readers: None,
             });
             match pool.call(&server.address, request).await {
-                Ok(Response::Replica(ReplicaResponse::Checksum { version, crc, bad })) => {
+                Ok(Response::Replica(ReplicaResponse::Checksum {
+                    version,
+                    crc,
+                    bad,
+                    retained,
+                    bad_retained,
+                })) => {
                     // Nothing rots in a simulation: a block failing its checksum is
                     // data and checksum written out of step.
-                    if !bad.is_empty() {
+                    if !bad.is_empty() || !bad_retained.is_empty() {
                         violations.push(format!(
-                            "chunk {} on server {}: blocks {bad:?} fail their checksums",
+                            "chunk {} on server {}: blocks {bad:?} and retained blocks \
+                             {bad_retained:?} fail their checksums",
                             chunk.index, server.id
                         ));
                     }
@@ -173,7 +181,7 @@ pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
                             chunk.index, server.id, placement.view, placement.replicas
                         ));
                     }
-                    seen.insert((version, crc, server.id));
+                    seen.insert((version, (crc, retained), server.id));
                 }
                 other => violations.push(format!(
                     "chunk {} on server {}: no checksum: {other:?}",
@@ -184,10 +192,11 @@ pub async fn final_state(cluster: &Cluster, ledger: &Ledger) -> Vec<String> {
         // Equal at equal versions. A replica may hold more than the others: the tail
         // of a writer that died before it committed, which the next writer overwrites.
         let versions: BTreeSet<u64> = seen.iter().map(|(version, ..)| *version).collect();
-        let states: BTreeSet<(u64, u32)> = seen.iter().map(|(v, crc, _)| (*v, *crc)).collect();
+        let states: BTreeSet<(u64, (u32, u32))> =
+            seen.iter().map(|(v, crcs, _)| (*v, *crcs)).collect();
         if versions.len() < states.len() {
             violations.push(format!(
-                "chunk {} replicas {:?} differ at equal versions (version, crc, server): {seen:?}",
+                "chunk {} replicas {:?} differ at equal versions (version, (crc, retained digest), server): {seen:?}",
                 chunk.index, placement.replicas
             ));
         }

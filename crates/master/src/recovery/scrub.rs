@@ -6,13 +6,21 @@
 //! block checks (a lost write, not rot) are rebuilt from a majority, never without
 //! one.
 //!
+//! The blocks replicas retain for snapshots (`floe_chunkstore::retained`) are
+//! compared too: each replica digests those a snapshot may read, every one read and
+//! checked. A replica whose digest differs from a majority's, a retained block
+//! that rots included, is rebuilt from it by a whole copy, which carries the
+//! retained blocks and checks each one it reads; a retained block that fails on
+//! every replica is reported lost.
+//!
 //! `floe scrub VOLUME` runs it over a volume; [`super::integrity`] runs it on chunks a
 //! read found bad, and over every volume in the background.
 
 use crate::{Failure, Master};
 use floe_protocol::snapshot::split_index;
 use floe_protocol::{
-    ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo, Volume,
+    ChunkId, RepairKind, ReplicaRequest, ReplicaResponse, ScrubReport, ServerInfo, SnapshotReaders,
+    Volume,
 };
 use std::time::Duration;
 
@@ -43,9 +51,25 @@ pub(super) fn chunks_of(master: &Master, volume_id: u64) -> Vec<u64> {
 /// One replica's answer to a whole-chunk read.
 struct Sums {
     version: u64,
-    crc: u32,
+    crcs: Crcs,
     /// Offsets of blocks that fail their own checksums.
     bad: Vec<u64>,
+    /// (epoch, offset) of retained blocks that fail theirs.
+    bad_retained: Vec<(u32, u64)>,
+}
+
+/// What replicas holding the same must agree on: the live bytes' crc and the
+/// retained blocks' digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Crcs {
+    live: u32,
+    retained: u32,
+}
+
+impl std::fmt::Display for Crcs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:08x}/{:08x}", self.live, self.retained)
+    }
 }
 
 /// Checks and heals one chunk, adding what it found to `report`.
@@ -63,8 +87,12 @@ pub(super) async fn check_chunk(
     let Some((members, sums)) = settled_sums(master, volume, index, report).await else {
         return;
     };
-    let rotten = sums.iter().any(|s| !s.bad.is_empty());
-    crate::exported::scrubbed(&volume.spec.name, sums.iter().map(|s| s.bad.len()).sum());
+    let rotten = sums
+        .iter()
+        .any(|s| !s.bad.is_empty() || !s.bad_retained.is_empty());
+    let bad_blocks = sums.iter().map(|s| s.bad.len() + s.bad_retained.len());
+    crate::exported::scrubbed(&volume.spec.name, bad_blocks.sum());
+    report_lost_retained(volume, chunk, &sums, report);
     if rotten {
         report.differences += 1;
     }
@@ -88,8 +116,9 @@ pub(super) async fn check_chunk(
             None => return,
         },
     };
-    if sums.iter().all(|s| s.crc == sums[0].crc) {
-        if rotten && sums.iter().all(|s| s.bad.is_empty()) {
+    if sums.iter().all(|s| s.crcs == sums[0].crcs) {
+        let clean = |s: &Sums| s.bad.is_empty() && s.bad_retained.is_empty();
+        if rotten && sums.iter().all(clean) {
             report.repaired += 1;
         }
         return;
@@ -109,13 +138,13 @@ async fn settled_sums(
     report: &mut ScrubReport,
 ) -> Option<(Vec<ServerInfo>, Vec<Sums>)> {
     const SETTLE_ATTEMPTS: u32 = 20;
-    let checksum = ReplicaRequest::Checksum {
-        chunk: ChunkId {
+    let checksum = checksum_of(
+        volume,
+        ChunkId {
             volume_id: volume.id,
             index,
         },
-        length: volume.spec.chunk_bytes,
-    };
+    );
     let mut members = Vec::new();
     for _ in 0..SETTLE_ATTEMPTS {
         // The placement is read again on each attempt: a repair or a move may change
@@ -133,9 +162,21 @@ async fn settled_sums(
         let sums: Vec<Sums> = replies
             .into_iter()
             .filter_map(|r| match r {
-                Ok(ReplicaResponse::Checksum { version, crc, bad }) => {
-                    Some(Sums { version, crc, bad })
-                }
+                Ok(ReplicaResponse::Checksum {
+                    version,
+                    crc,
+                    bad,
+                    retained,
+                    bad_retained,
+                }) => Some(Sums {
+                    version,
+                    crcs: Crcs {
+                        live: crc,
+                        retained,
+                    },
+                    bad,
+                    bad_retained,
+                }),
                 _ => None,
             })
             .collect();
@@ -245,7 +286,7 @@ async fn rebuild_from_majority(
     report: &mut ScrubReport,
 ) {
     let index = chunk.index;
-    let crcs: Vec<u32> = sums.iter().map(|s| s.crc).collect();
+    let crcs: Vec<Crcs> = sums.iter().map(|s| s.crcs).collect();
     let Some(good) = majority(&crcs) else {
         // No telling the good copy (if any) from the bad: a rebuild from one of them
         // could destroy the only good copy.
@@ -255,7 +296,7 @@ async fn rebuild_from_majority(
             sums[0].version,
             crcs.iter()
                 .zip(members)
-                .map(|(crc, s)| format!("server {} {crc:08x}", s.id))
+                .map(|(crcs, s)| format!("server {} {crcs}", s.id))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -267,18 +308,16 @@ async fn rebuild_from_majority(
         .iter()
         .position(|crc| *crc == good)
         .expect("a majority holds it");
-    let checksum = ReplicaRequest::Checksum {
-        chunk,
-        length: volume.spec.chunk_bytes,
-    };
+    let checksum = checksum_of(volume, chunk);
     let mut fixed = true;
     for (i, sum) in sums.iter().enumerate() {
-        if sum.crc == good {
+        if sum.crcs == good {
             continue;
         }
         let detail = format!(
-            "chunk {}: server {} differs at version {:#x} (crc {:08x}, majority {good:08x})",
-            index, members[i].id, sum.version, sum.crc
+            "chunk {}: server {} differs at version {:#x} (crcs live/retained {}, majority \
+             {good})",
+            index, members[i].id, sum.version, sum.crcs
         );
         tracing::warn!("scrub: {detail}");
         report.details.push(detail);
@@ -295,7 +334,8 @@ async fn rebuild_from_majority(
             .is_ok()
             && matches!(
                 master.ask(&members[i].address, checksum.clone()).await,
-                Ok(ReplicaResponse::Checksum { crc, .. }) if crc == good
+                Ok(ReplicaResponse::Checksum { crc, retained, .. })
+                    if Crcs { live: crc, retained } == good
             );
         fixed &= repaired;
     }
@@ -319,8 +359,43 @@ fn replicas_of(master: &Master, volume_id: u64, index: u64) -> Option<Vec<Server
         .collect()
 }
 
+/// A replica's checksum request: its retained blocks as the volume's snapshots may
+/// read them (replicas free the others at different times).
+fn checksum_of(volume: &Volume, chunk: ChunkId) -> ReplicaRequest {
+    ReplicaRequest::Checksum {
+        chunk,
+        length: volume.spec.chunk_bytes,
+        readers: Some(SnapshotReaders::of(volume)),
+    }
+}
+
+/// Reports the retained blocks that fail on every replica: no copy to rebuild them
+/// from.
+fn report_lost_retained(volume: &Volume, chunk: ChunkId, sums: &[Sums], report: &mut ScrubReport) {
+    let Some(first) = sums.first() else {
+        return;
+    };
+    for &(epoch, offset) in &first.bad_retained {
+        if !sums
+            .iter()
+            .all(|s| s.bad_retained.contains(&(epoch, offset)))
+        {
+            continue;
+        }
+        let at = volume.spec.volume_offset(chunk.index, offset);
+        let detail = format!(
+            "volume {} offset {at} (as snapshots from epoch {epoch} down read it): LOST, no \
+             replica holds a good copy of the block chunk {} retained at {offset}",
+            volume.spec.name, chunk.index
+        );
+        tracing::error!("scrub: {detail}");
+        report.details.push(detail);
+        report.lost_blocks.push((at, chunk.index, offset));
+    }
+}
+
 /// The checksum more than half of the replicas hold, if any.
-fn majority(crcs: &[u32]) -> Option<u32> {
+fn majority<T: Copy + PartialEq>(crcs: &[T]) -> Option<T> {
     crcs.iter()
         .copied()
         .find(|crc| crcs.iter().filter(|c| *c == crc).count() * 2 > crcs.len())
@@ -328,7 +403,7 @@ fn majority(crcs: &[u32]) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::majority;
+    use super::{majority, Crcs};
 
     #[test]
     fn only_a_checksum_most_replicas_hold_is_the_good_one() {
@@ -337,5 +412,13 @@ mod tests {
         // Two of three corrupted, differently: the primary's copy is no authority.
         assert_eq!(majority(&[8, 9, 7]), None);
         assert_eq!(majority(&[8, 7]), None);
+    }
+
+    #[test]
+    fn replicas_agree_only_on_both_their_live_bytes_and_their_retained_blocks() {
+        let crcs = |live, retained| Crcs { live, retained };
+        let sums = [crcs(7, 1), crcs(7, 2), crcs(7, 1)];
+        assert_eq!(majority(&sums), Some(crcs(7, 1)));
+        assert_eq!(majority(&[crcs(7, 1), crcs(7, 2), crcs(7, 3)]), None);
     }
 }
