@@ -523,7 +523,7 @@ impl ChunkServer {
                             tracing::error!(?chunk, "{why}");
                             return Response::error(Status::BadRequest, why);
                         }
-                        // Refused for space (or a store that cannot retain) before
+                        // Refused for space (or a change too long to retain) before
                         // the version is taken: the replica stays as it was, and the
                         // writer knows it lacks the change.
                         let reserved = match &change {
@@ -1760,7 +1760,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_chained_log_retains_and_a_hybrid_store_refuses_before_the_version() {
+    async fn every_store_retains_and_a_change_too_long_to_is_refused_before_the_version() {
         let (chain, ssd, hdd) = (
             tempfile::tempdir().unwrap(),
             tempfile::tempdir().unwrap(),
@@ -1782,27 +1782,27 @@ mod tests {
         });
         let v1 = next_version(0, 1);
         let v2 = next_version(v1, 1);
-        let retaining = |prev, version| {
+        let retaining = |prev, version, length| {
             let mut request = at_epoch(write(CHUNK, 0, prev, version, 0), 1);
-            if let Request::Write { retain, .. } = &mut request {
+            if let Request::Write { retain, data, .. } = &mut request {
                 *retain = true;
+                *data = Bytes::from(vec![0xcd; length]);
             }
             request
         };
-        let refused = hybrid.clone().handle(retaining(0, v1)).await;
-        assert_eq!(status(&refused), Some(Status::BadRequest), "{refused:?}");
-        // The replica took nothing: the same change unflagged goes on.
-        let response = hybrid.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
-        assert!(matches!(response, Response::Done), "{response:?}");
-        // A chained log keeps the old block (read from the chain) as a plain store does.
-        let chained = chained_server(chain.path());
-        let response = chained.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
-        assert!(matches!(response, Response::Done), "{response:?}");
-        let response = chained.clone().handle(retaining(v1, v2)).await;
-        assert!(matches!(response, Response::Done), "{response:?}");
-        let old = chained.store.read_retained(CHUNK, 1, 0).await.unwrap();
-        let expected = floe_chunkstore::RetainedBlock::Data(Bytes::from(vec![0xab; 4096]));
-        assert_eq!(old, Some(expected));
+        for server in [hybrid, chained_server(chain.path())] {
+            let response = server.clone().handle(write(CHUNK, 0, 0, v1, 0)).await;
+            assert!(matches!(response, Response::Done), "{response:?}");
+            let too_long = floe_chunkstore::RETAIN_CHANGE_BYTES_MAX as usize + 4096;
+            let refused = server.clone().handle(retaining(v1, v2, too_long)).await;
+            assert_eq!(status(&refused), Some(Status::BadRequest), "{refused:?}");
+            // The replica took nothing: a change that fits goes on at that version.
+            let response = server.clone().handle(retaining(v1, v2, 4096)).await;
+            assert!(matches!(response, Response::Done), "{response:?}");
+            let old = server.store.read_retained(CHUNK, 1, 0).await.unwrap();
+            let expected = floe_chunkstore::RetainedBlock::Data(Bytes::from(vec![0xab; 4096]));
+            assert_eq!(old, Some(expected));
+        }
     }
 
     /// GetCost over the wire: a chained-log store answers what reading a block costs

@@ -1,10 +1,11 @@
 //! The chunk files and the replicas' durable state, shared by readers, the committer
 //! and the replay worker; a cache of open chunk files.
 
-use crate::block_sums::ChunkFile;
+use crate::block_sums::{ChunkFile, BLOCK_BYTES};
 use crate::chain::Chain;
 use crate::disk::hdd::Hdd;
 use crate::disk::Disk;
+use crate::error::StoreError;
 use crate::journal::Journals;
 use crate::layout;
 use crate::meta::Metas;
@@ -41,11 +42,50 @@ pub(crate) struct Files {
     corrupt_found: AtomicU64,
     /// Chunks whose latest writes are acknowledged but not yet in their files.
     pub(crate) unsynced: UnsyncedChunks,
-    /// Blocks kept for snapshots (plain mode; empty in the others).
+    /// Blocks kept for snapshots, every mode (see [`crate::retained`]).
     pub(crate) retained: Retained,
 }
 
 impl Files {
+    /// Reads the chunk as it stands, whatever holds it: the chain, or the journals
+    /// over the chunk file, or the chunk file (`check`: against block checksums).
+    pub(crate) fn read_into(
+        &self,
+        chunk: ChunkId,
+        offset: u64,
+        out: &mut [u8],
+        check: bool,
+    ) -> Result<(), StoreError> {
+        if let Some(chain) = &self.chain {
+            return chain.read(chunk, offset, out, check);
+        }
+        let (holes, in_flux) = match &self.journals {
+            Some(journals) => (
+                journals.read(chunk, offset, out, check)?,
+                journals.in_flux(chunk, offset, out.len() as u64),
+            ),
+            None => (vec![(offset, out.len() as u64)], Vec::new()),
+        };
+        // A block with journaled data may be half copied by a replay cut short.
+        let unchecked = |block: u64| {
+            in_flux
+                .iter()
+                .any(|&(at, len)| at < block + BLOCK_BYTES && block < at + len)
+        };
+        if let Some(file) = self.get(chunk, false)? {
+            for (at, len) in holes {
+                let from = (at - offset) as usize;
+                let part = &mut out[from..from + len as usize];
+                if check {
+                    file.read(part, at, &unchecked)?;
+                } else {
+                    crate::disk::read_at(&*file.data, part, at)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn new(
         disk: Arc<dyn Disk>,
         dir: &Path,

@@ -291,10 +291,14 @@ impl Committer {
                 file.sync()?;
             }
         }
-        self.files.retained.save(&self.dirty_retained)?;
+        // Directories first: a new sidecar's two files must both be there before its
+        // index holds an entry, and a dropped one's index gone before its data goes.
         for dir in &self.dirty_dirs {
             self.files.sync_dir(dir)?;
         }
+        self.files.retained.save(&self.dirty_retained)?;
+        let (disk, dir) = (&*self.files.disk, &self.files.dir);
+        self.files.retained.unlink_dropped(disk, dir)?;
         self.dirty_files.clear();
         self.dirty_dirs.clear();
         self.dirty_retained.clear();

@@ -1,6 +1,15 @@
 //! Hybrid mode's commit (see [`crate::journal`]): small aligned writes go to a journal
 //! only; every other change goes to the chunk files first, durably, then its record
 //! to the journal. Journals nothing points into any more are reset here too.
+//!
+//! Old blocks a change retains for a snapshot (`crate::retained`) go to their
+//! sidecars with the chunk-file changes, in batch order (after a release or a
+//! volume's deletion earlier in the batch), and durably before the change itself
+//! overwrites the chunk file (a crash between the two would otherwise leave the
+//! replica without the old block, and a resent change would retain the new one) or
+//! its record is journaled. So, unlike plain mode, no `Retain` record is journaled;
+//! nor are a repair's `Retain`, `Release` and `Trim` changes replayed: like
+//! chunk-file changes they are applied, durably, before their records.
 
 use crate::block_sums::Merge;
 use crate::chunk_files::Files;
@@ -10,6 +19,7 @@ use crate::journal::{Journals, JOURNAL_LARGE_WRITE_BYTES_MAX, JOURNAL_WRITE_BYTE
 use crate::layout;
 use crate::log_file::LogFile;
 use crate::meta;
+use crate::retained::capture::Retain;
 use crate::wal::{self, Kind, RecordHeader, RECORD_HEADER_BYTES, SECTOR_BYTES};
 use floe_protocol::ChunkId;
 use std::sync::Arc;
@@ -152,6 +162,20 @@ impl Committer {
         if let Some(failed) = &self.failed {
             return Committer::fail_all(batch, StoreError::Io(failed.clone()));
         }
+        let (retains, mut completions) = self.capture(batch);
+        completions.extend(self.commit_retaining(batch, retains, may_defer));
+        completions
+    }
+
+    /// [`Committer::commit_journaled`] with the old blocks each change retains.
+    fn commit_retaining(
+        &mut self,
+        batch: &mut Vec<Change>,
+        retains: Vec<Vec<Retain>>,
+        may_defer: bool,
+    ) -> Completions {
+        // Kept blocks are synced with the batch, never left for later.
+        let may_defer = may_defer && retains.iter().all(Vec::is_empty);
         let local = self.logs.len() - 1;
         let (ssd_used, ssd_quota) = self.journals().ssd_usage();
         let journal_max = match ssd_used * 2 <= ssd_quota {
@@ -241,8 +265,19 @@ impl Committer {
         // batch's journaled writes).
         let applied = batch
             .iter()
-            .filter(|c| !matches!(c.header.kind, Kind::Write | Kind::Stamp))
-            .try_for_each(|c| {
+            .zip(&retains)
+            .try_for_each(|(c, retains)| {
+                // A sidecar dropped earlier in the batch (released, its volume
+                // deleted) may be made again at its path: no log replays either here,
+                // so the drop is made durable first.
+                let puts = !retains.is_empty() || c.header.kind == Kind::Retain;
+                if puts && !self.dirty_dirs.is_empty() {
+                    self.sync_dirty()?;
+                }
+                self.keep(retains, &c.header)?;
+                if matches!(c.header.kind, Kind::Write | Kind::Stamp) {
+                    return Ok(());
+                }
                 self.apply_file(&c.header, &c.data, Merge::Check)?;
                 drop_superseded(journals, &c.header)
             })
@@ -255,6 +290,12 @@ impl Committer {
                 self.rehash(intent);
             }
             return Committer::fail_all(batch, e);
+        }
+        // A repair's retained block is in its sidecar, durably, already: its record
+        // keeps only its place in the sequence, as a bypass's does.
+        for change in batch.iter_mut().filter(|c| c.header.kind == Kind::Retain) {
+            change.header.length = 0;
+            change.data = bytes::Bytes::new();
         }
         let start = self.logs[target].position;
         if let Err(e) = self.append(batch, !defer) {
@@ -290,6 +331,22 @@ impl Committer {
                 (change.done, result)
             })
             .collect()
+    }
+
+    /// Puts the old blocks `change` retains into their sidecars; durably at once if
+    /// the change is about to overwrite the chunk file.
+    fn keep(&mut self, retains: &[Retain], change: &RecordHeader) -> Result<(), StoreError> {
+        if retains.is_empty() {
+            return Ok(());
+        }
+        for retain in retains {
+            self.apply_file(&retain.header, &retain.data, Merge::Check)?;
+        }
+        match change.kind {
+            Kind::Bypass | Kind::Zero | Kind::Punch => self.sync_dirty(),
+            // A journaled write: synced with the batch, before its record.
+            _ => Ok(()),
+        }
     }
 
     /// What a durable record changes in memory (the replica's state and the journal
@@ -351,7 +408,8 @@ fn drop_superseded(journals: &Journals, header: &RecordHeader) -> Result<(), Sto
             Ok(())
         }
         Kind::Write | Kind::Stamp | Kind::Intent => Ok(()),
-        Kind::Retain | Kind::Release | Kind::Trim => unreachable!("hybrid stores do not retain"),
+        // Retained blocks live in sidecars, outside the journals' reach.
+        Kind::Retain | Kind::Release | Kind::Trim => Ok(()),
     }
 }
 
@@ -376,11 +434,13 @@ fn bypass_under_later_edges(batch: &mut [Change]) {
                     header.kind = Kind::Bypass;
                 }
             }
-            Kind::Stamp | Kind::DeleteVolume | Kind::Intent => continue,
+            Kind::Stamp
+            | Kind::DeleteVolume
+            | Kind::Intent
+            | Kind::Retain
+            | Kind::Release
+            | Kind::Trim => continue,
             Kind::Bypass | Kind::Zero | Kind::Punch => {}
-            Kind::Retain | Kind::Release | Kind::Trim => {
-                unreachable!("hybrid stores do not retain")
-            }
         }
         if header.kind != Kind::Write {
             if !header.offset.is_multiple_of(SECTOR_BYTES) {

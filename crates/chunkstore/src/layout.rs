@@ -44,7 +44,16 @@ pub(crate) fn retained_index_path(dir: &Path, chunk: ChunkId, epoch: u32) -> Pat
 
 /// (chunk index, epoch) of a retained index file's name.
 pub(crate) fn retained_index_of(name: &str) -> Option<(u64, u32)> {
-    let (index, epoch) = name.split_once(".i")?;
+    retained_file_of(name, ".i")
+}
+
+/// (chunk index, epoch) of a retained data file's name.
+pub(crate) fn retained_data_of(name: &str) -> Option<(u64, u32)> {
+    retained_file_of(name, ".r")
+}
+
+fn retained_file_of(name: &str, marker: &str) -> Option<(u64, u32)> {
+    let (index, epoch) = name.split_once(marker)?;
     if index.len() != 16 || epoch.len() != 8 {
         return None;
     }

@@ -192,6 +192,8 @@ impl Store {
             }
             files.chain = Some(Chain::open(disk.clone(), chain)?);
         }
+        // Sidecars of every mode; a log replayed below may add to them.
+        files.retained = Retained::load(&*disk, dir)?;
         let queue = Arc::new(Queue::default());
         let wal = dir.join(layout::WAL);
         let committer = if hybrid {
@@ -220,7 +222,6 @@ impl Store {
             }
             committer
         } else {
-            files.retained = Retained::load(&*disk, dir)?;
             Committer::open_direct(&wal, Arc::new(files), wal_quota)?
         };
         // Entries made above, a first open's, and the removal of a drained log.
@@ -400,11 +401,6 @@ impl Store {
         chunk: ChunkId,
         epochs: std::ops::RangeInclusive<u32>,
     ) -> Result<(), StoreError> {
-        // A store that cannot retain holds nothing to release (and its journals take
-        // no such record).
-        if self.check_can_retain().is_err() {
-            return Ok(());
-        }
         let (first, last) = (*epochs.start() as u64, *epochs.end() as u64);
         let change = Submit::control(Kind::Release, chunk, first, last, ChunkMeta::default());
         self.submit(change, Bytes::new(), Reservation::none()).await
@@ -518,7 +514,6 @@ impl Store {
         entry: RetainedEntry,
         block: RetainedBlock,
     ) -> Result<(), StoreError> {
-        self.check_can_retain()?;
         let data = match block {
             RetainedBlock::Zeroes => Bytes::new(),
             RetainedBlock::Data(data) => data,
@@ -544,10 +539,6 @@ impl Store {
     /// Drops the chunk's retained blocks tagged above `above` (a repair from version
     /// `above` replaces them). Resolves once durable.
     pub async fn trim_retained(&self, chunk: ChunkId, above: u64) -> Result<(), StoreError> {
-        // As with release: a store that cannot retain holds nothing to drop.
-        if self.check_can_retain().is_err() {
-            return Ok(());
-        }
         let meta = ChunkMeta {
             view: 0,
             version: above,
@@ -633,20 +624,8 @@ impl Store {
         result.await.map_err(|_| StoreError::ShutDown)?
     }
 
-    /// Whether this store keeps retained blocks: a plain store or a chained log does
-    /// (in sidecar files beside its chunks or its chain), a hybrid one not yet.
-    fn check_can_retain(&self) -> Result<(), StoreError> {
-        if self.files.journals.is_some() {
-            return Err(StoreError::Unsupported(
-                "a hybrid store (--journal) does not retain blocks for snapshots yet".into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// Whether this store may retain for a change of `length` bytes.
     fn check_retaining(&self, length: u64) -> Result<(), StoreError> {
-        self.check_can_retain()?;
         if length > RETAIN_CHANGE_BYTES_MAX {
             return Err(StoreError::Unsupported(format!(
                 "a change that retains old blocks covers at most {RETAIN_CHANGE_BYTES_MAX} bytes, not {length}: split it"
@@ -692,43 +671,13 @@ impl Store {
             self.sync().await?;
         }
         let mut out = BytesMut::zeroed(length as usize);
-        let read = self.read_into(chunk, offset, &mut out);
+        let read = self
+            .files
+            .read_into(chunk, offset, &mut out, self.files.check_reads);
         if let Some(at) = hdd::take_paced_until() {
             tokio::time::sleep_until(at.into()).await;
         }
         read.map(|()| out.freeze())
-    }
-
-    fn read_into(&self, chunk: ChunkId, offset: u64, out: &mut [u8]) -> Result<(), StoreError> {
-        let check = self.files.check_reads;
-        if let Some(chain) = &self.files.chain {
-            return chain.read(chunk, offset, out, check);
-        }
-        let (holes, in_flux) = match &self.files.journals {
-            Some(journals) => (
-                journals.read(chunk, offset, out, check)?,
-                journals.in_flux(chunk, offset, out.len() as u64),
-            ),
-            None => (vec![(offset, out.len() as u64)], Vec::new()),
-        };
-        // A block with journaled data may be half copied by a replay cut short.
-        let unchecked = |block: u64| {
-            in_flux
-                .iter()
-                .any(|&(at, len)| at < block + BLOCK_BYTES && block < at + len)
-        };
-        if let Some(file) = self.files.get(chunk, false)? {
-            for (at, len) in holes {
-                let from = (at - offset) as usize;
-                let part = &mut out[from..from + len as usize];
-                if check {
-                    file.read(part, at, &unchecked)?;
-                } else {
-                    disk::read_at(&*file.data, part, at)?;
-                }
-            }
-        }
-        Ok(())
     }
 
     /// The ranges of the chunk that hold data, as (offset, length), sorted and

@@ -85,13 +85,10 @@ async fn a_full_disk_refuses_writes_up_front_and_frees_on_delete(options: Option
             .await,
         Err(StoreError::NoSpace(_))
     ));
-    // A punch that keeps the old blocks for a snapshot needs room for them, and only
-    // a plain store keeps them: refused before anything is logged.
+    // A punch that keeps the old blocks for a snapshot needs room for them: refused
+    // before anything is logged.
     let retaining = store.reserve_retaining(0, MIB, Room::Normal);
-    match options.journal_dirs.is_empty() {
-        true => assert!(matches!(retaining, Err(StoreError::NoSpace(_)))),
-        false => assert!(matches!(retaining, Err(StoreError::Unsupported(_)))),
-    }
+    assert!(matches!(retaining, Err(StoreError::NoSpace(_))));
     store
         .zero(chunk(1), (first - 1) * MIB, MIB, true, meta(first + 1))
         .await

@@ -227,7 +227,7 @@ async fn rotten_retained_bytes_are_never_read_as_good() {
 }
 
 #[tokio::test]
-async fn stores_that_cannot_retain_say_so() {
+async fn a_change_too_long_to_retain_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     let too_long = RETAIN_CHANGE_BYTES_MAX + BLOCK;
@@ -239,41 +239,46 @@ async fn stores_that_cannot_retain_say_so() {
         matches!(&refused, Err(StoreError::Unsupported(m)) if m.contains("split it")),
         "{refused:?}"
     );
-    drop(store);
-    let data = tempfile::tempdir().unwrap();
-    let ssd = tempfile::tempdir().unwrap();
+    // Refused before it was logged: the chunk did not change.
+    assert_eq!(store.meta(CHUNK), ChunkMeta::default());
+}
+
+/// Hybrid mode keeps the old blocks before the change, journaled or not: read through
+/// the journal (writes not yet replayed), and durable across a power cut.
+#[tokio::test]
+async fn a_hybrid_store_retains_blocks_its_journal_still_holds() {
+    let disk = floe_chunkstore::SimDisk::new();
     let options = Options {
         journal_dirs: vec![JournalDir {
-            dir: ssd.path().to_path_buf(),
+            dir: "/ssd".into(),
             quota_bytes: 4 << 20,
         }],
         local_journal_quota_bytes: 4 << 20,
         ..Options::default()
     };
-    let hybrid = Store::open_with(data.path(), &options).unwrap();
-    let reservation = hybrid.reserve_write(0, BLOCK, Room::Normal).unwrap();
-    let data = Bytes::from(vec![1u8; BLOCK as usize]);
-    let refused = hybrid
-        .write_reserved(
-            reservation,
-            CHUNK,
-            0,
-            data,
-            version(1),
-            Durability::Synced,
-            Some(1),
-        )
-        .await;
-    assert!(
-        matches!(&refused, Err(StoreError::Unsupported(m)) if m.contains("hybrid store")),
-        "{refused:?}"
-    );
-    // Refused before it was logged: the chunk did not change.
-    assert_eq!(hybrid.meta(CHUNK), ChunkMeta::default());
-    // Nothing to release there: a dropped replica's release does nothing.
-    hybrid.release_retained(CHUNK, 0..=u32::MAX).await.unwrap();
+    let tuning = floe_chunkstore::Tuning {
+        manual_replay: true,
+        ..Default::default()
+    };
+    let open = || Store::open_on(disk.mount(), "/data".as_ref(), &options, &tuning).unwrap();
+    let mut hybrid = open();
+    // Journaled writes, then a bypass over part of a block and a punch.
+    write(&hybrid, 0, 0x11, 2 * BLOCK, 1, None).await;
+    write(&hybrid, 0, 0x22, BLOCK, 2, Some(1)).await;
+    write(&hybrid, BLOCK + 512, 0x33, 1000, 3, Some(1)).await;
+    let punch = hybrid.reserve_zero(0, BLOCK, true).unwrap();
     hybrid
-        .write(CHUNK, 0, Bytes::from(vec![2u8; 512]), version(2))
+        .zero_reserved(punch, CHUNK, 0, BLOCK, true, version(4), Some(2))
         .await
         .unwrap();
+    for reopened in [false, true] {
+        if reopened {
+            disk.crash();
+            hybrid = open();
+            assert_eq!(hybrid.meta(CHUNK), version(4));
+        }
+        assert_eq!(retained(&hybrid, 1, 0).await, block_of(&[(0x11, 4096)]));
+        assert_eq!(retained(&hybrid, 1, BLOCK).await, block_of(&[(0x11, 4096)]));
+        assert_eq!(retained(&hybrid, 2, 0).await, block_of(&[(0x22, 4096)]));
+    }
 }

@@ -169,20 +169,17 @@ impl Committer {
         earlier: &[Change],
     ) -> Result<Vec<u8>, StoreError> {
         let mut block = vec![0u8; BLOCK_BYTES as usize];
-        let read = match &self.files.chain {
-            Some(chain) => chain.read(chunk, at, &mut block, true),
-            None => match self.files.get(chunk, false)? {
-                Some(file) => file.read(&mut block, at, &|_| false),
-                None => Ok(()),
-            },
-        };
-        if let Err(e) = read {
+        if let Err(e) = self.files.read_into(chunk, at, &mut block, true) {
             if let StoreError::Corrupt { offset, place, .. } = &e {
                 self.files.found_corrupt(chunk, *offset, place);
             }
             return Err(e);
         }
-        let held = self.held_unsynced().map(|(h, d)| (h, &d[..]));
+        // Hybrid mode reads its held unsynced writes from the journals already.
+        let held = self
+            .held_unsynced()
+            .filter(|_| self.files.journals.is_none())
+            .map(|(h, d)| (h, &d[..]));
         let batch = earlier.iter().map(|c| (&c.header, &c.data[..]));
         for (header, data) in held.chain(batch) {
             if header.kind == Kind::DeleteVolume && header.chunk.volume_id == chunk.volume_id {
@@ -232,15 +229,13 @@ impl Forget {
 /// Puts a change's effect on the block at `at` into `block`.
 fn overlay(block: &mut [u8], at: u64, header: &RecordHeader, data: &[u8]) {
     let written = match header.kind {
-        Kind::Write => true,
+        Kind::Write | Kind::Bypass => true,
         Kind::Zero | Kind::Punch => false,
-        // Not the chunk's bytes (a volume's deletion is the caller's); plain mode logs
-        // no bypasses or intents.
+        // Not the chunk's bytes (a volume's deletion is the caller's).
         Kind::Stamp
         | Kind::Retain
         | Kind::Release
         | Kind::Trim
-        | Kind::Bypass
         | Kind::Intent
         | Kind::DeleteVolume => return,
     };

@@ -16,10 +16,11 @@
 //!   dropped, or epochs no snapshot reads); deleting a volume drops its sidecars with
 //!   its chunk files.
 //!
-//! Plain stores and chained logs retain (a chained log reads the old block from the
-//! chain and keeps it in the same sidecars, in its data directory; re-keying the
-//! chain's own slot would copy nothing, a later step); hybrid stores refuse
-//! retaining changes for now.
+//! Every store retains. A chained log reads the old block from the chain and keeps
+//! it in the same sidecars, in its data directory (re-keying the chain's own slot
+//! would copy nothing: a later step). A hybrid store logs no `Retain` record: it
+//! puts the old blocks in their sidecars, durably, before the change overwrites the
+//! chunk file or is journaled (`crate::hybrid_commit`).
 
 pub(crate) mod capture;
 mod sidecar;
@@ -61,9 +62,16 @@ pub struct RetainedEntry {
 }
 
 /// Every sidecar of the store, open.
+///
+/// A sidecar's index file is what makes it exist: dropping one removes the index
+/// only, and its data file once that removal is durable ([`Retained::unlink_dropped`]),
+/// so a crash that keeps some directory changes and not others never leaves an index
+/// without its data. A data file without an index is removed when the store opens.
 #[derive(Default)]
 pub(crate) struct Retained {
     sidecars: Mutex<BTreeMap<(ChunkId, u32), Sidecar>>,
+    /// Dropped sidecars whose data files go once their indexes' removal is durable.
+    dropped: Mutex<BTreeSet<(ChunkId, u32)>>,
 }
 
 impl Retained {
@@ -75,16 +83,26 @@ impl Retained {
             let Some(volume_id) = layout::parse_hex(&volume) else {
                 continue;
             };
-            for name in disk.read_dir(&chunks.join(&volume))? {
-                if let Some((index, epoch)) = layout::retained_index_of(&name) {
+            let names = disk.read_dir(&chunks.join(&volume))?;
+            for name in &names {
+                if let Some((index, epoch)) = layout::retained_index_of(name) {
                     let chunk = ChunkId { volume_id, index };
                     let sidecar = open(disk, dir, chunk, epoch)?;
                     sidecars.insert((chunk, epoch), sidecar);
                 }
             }
+            for name in &names {
+                if let Some((index, epoch)) = layout::retained_data_of(name) {
+                    let chunk = ChunkId { volume_id, index };
+                    if !sidecars.contains_key(&(chunk, epoch)) {
+                        remove(disk, &layout::retained_data_path(dir, chunk, epoch))?;
+                    }
+                }
+            }
         }
         Ok(Retained {
             sidecars: Mutex::new(sidecars),
+            dropped: Mutex::default(),
         })
     }
 
@@ -110,6 +128,8 @@ impl Retained {
         let mut sidecars = self.sidecars.lock().unwrap();
         let created = !sidecars.contains_key(&(chunk, epoch));
         if created {
+            // Made again where one was dropped: its data file is this one's now.
+            self.dropped.lock().unwrap().remove(&(chunk, epoch));
             // Its chunk may have no file yet (retained holes), nor a directory.
             disk.create_dir_all(&layout::volume_dir(dir, chunk.volume_id))?;
             let sidecar = open(disk, dir, chunk, epoch)?;
@@ -207,15 +227,18 @@ impl Retained {
             .collect();
         for epoch in doomed {
             sidecars.remove(&(chunk, epoch));
-            for path in [
-                layout::retained_data_path(dir, chunk, epoch),
-                layout::retained_index_path(dir, chunk, epoch),
-            ] {
-                match disk.remove_file(&path) {
-                    Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
-                    _ => {}
-                }
-            }
+            remove(disk, &layout::retained_index_path(dir, chunk, epoch))?;
+            self.dropped.lock().unwrap().insert((chunk, epoch));
+        }
+        Ok(())
+    }
+
+    /// Removes the data files of dropped sidecars: their indexes' removal is durable
+    /// (a directory sync just made it so).
+    pub(crate) fn unlink_dropped(&self, disk: &dyn Disk, dir: &Path) -> io::Result<()> {
+        let dropped = std::mem::take(&mut *self.dropped.lock().unwrap());
+        for (chunk, epoch) in dropped {
+            remove(disk, &layout::retained_data_path(dir, chunk, epoch))?;
         }
         Ok(())
     }
@@ -240,6 +263,10 @@ impl Retained {
             .lock()
             .unwrap()
             .retain(|(chunk, _), _| chunk.volume_id != volume_id);
+        self.dropped
+            .lock()
+            .unwrap()
+            .retain(|(chunk, _)| chunk.volume_id != volume_id);
     }
 
     /// Saves the named sidecars' index entries and makes them durable (a checkpoint);
@@ -294,6 +321,14 @@ pub(crate) fn retaining_needs(offset: u64, length: u64) -> u64 {
 /// The number of the block holding `offset` in its chunk.
 pub(crate) fn block_of(offset: u64) -> u32 {
     u32::try_from(offset / BLOCK_BYTES).expect("chunks hold fewer than 2^32 blocks")
+}
+
+/// Removes a file, gone already or not.
+fn remove(disk: &dyn Disk, path: &Path) -> io::Result<()> {
+    match disk.remove_file(path) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn open(disk: &dyn Disk, dir: &Path, chunk: ChunkId, epoch: u32) -> io::Result<Sidecar> {

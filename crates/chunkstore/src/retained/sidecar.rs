@@ -57,11 +57,15 @@ pub(crate) struct Sidecar {
     /// block and its slot (`None`: a tombstone).
     saved: u32,
     unsaved: Vec<(u32, Option<Slot>)>,
+    /// The checksum of the last saved entry, which the next one's chains from.
+    chain: u32,
 }
 
 impl Sidecar {
     /// Opens (creating with `create`) the two files and keeps the index entries up to
-    /// the first that does not check.
+    /// the first that does not check. Each entry's checksum chains from the one
+    /// before, so entries a torn save left past a hole never pass for ones written
+    /// since over the hole.
     pub(crate) fn open(
         disk: &dyn Disk,
         data: &Path,
@@ -79,11 +83,13 @@ impl Sidecar {
             count: 0,
             saved: 0,
             unsaved: Vec::new(),
+            chain: 0,
         };
         for entry in raw.chunks_exact(ENTRY_BYTES as usize) {
-            let Some((block, slot)) = decode(entry, sidecar.count) else {
+            let Some((block, slot)) = decode(entry, sidecar.count, sidecar.chain) else {
                 break;
             };
+            sidecar.chain = (&entry[28..]).get_u32_le();
             match slot {
                 None => {
                     sidecar.slots.remove(&block);
@@ -101,38 +107,57 @@ impl Sidecar {
         Ok(sidecar)
     }
 
-    /// Writes block `block` as retained by the change of version `tag`: in its slot if
-    /// it has one (a replay), else in the next one. `None` data: all zeroes. Its index
-    /// entry waits for [`Sidecar::save`].
+    /// Writes block `block` as retained by the change of version `tag`. `None` data:
+    /// all zeroes. An entry not saved yet is rewritten in place; one saved the same (a
+    /// replay) keeps its entry and gets its bytes again; one saved otherwise gets a
+    /// tombstone and the block a new slot, so a crash never pairs a saved entry with
+    /// other bytes half written.
+    /// Its index entry waits for [`Sidecar::save`].
     pub(crate) fn put(&mut self, block: u32, tag: u64, data: Option<&[u8]>) -> io::Result<()> {
-        let existing = self.slots.get(&block).map(|slot| slot.ordinal);
+        let (crc, zeroes) = (data.map_or(0, crc32c::crc32c), data.is_none());
+        let old = self.slots.get(&block).copied();
+        let saved = |s: &Slot| s.ordinal < self.saved;
+        if let Some(same) =
+            old.filter(|s| saved(s) && s.tag == tag && s.crc == crc && s.zeroes == zeroes)
+        {
+            // Its bytes again: a log replayed over a crash that tore them mends them.
+            if let Some(data) = data {
+                self.data
+                    .write_all_at(data, same.ordinal as u64 * BLOCK_BYTES)?;
+            }
+            return Ok(());
+        }
+        let in_place = old.filter(|s| !saved(s)).map(|s| s.ordinal);
+        let replaced = old.is_some() && in_place.is_none();
         let slot = Slot {
-            ordinal: existing.unwrap_or(self.count),
+            ordinal: in_place.unwrap_or(self.count + replaced as u32),
             tag,
-            crc: data.map_or(0, crc32c::crc32c),
-            zeroes: data.is_none(),
+            crc,
+            zeroes,
         };
-        // Nothing changes in memory until the writes succeeded.
+        // Nothing changes in memory until the write succeeded.
         if let Some(data) = data {
             assert_eq!(data.len() as u64, BLOCK_BYTES, "retained blocks are whole");
             self.data
                 .write_all_at(data, slot.ordinal as u64 * BLOCK_BYTES)?;
         }
-        if slot.ordinal < self.saved {
-            self.index.write_all_at(
-                &encode(block, Some(&slot)),
-                slot.ordinal as u64 * ENTRY_BYTES,
-            )?;
-        }
-        if existing.is_none() {
+        if replaced {
             self.count = self.count.checked_add(1).expect("slots fit in u32");
-            self.unsaved.push((block, Some(slot)));
-        } else if let Some(unsaved) = self
-            .unsaved
-            .iter_mut()
-            .find(|(_, s)| s.is_some_and(|s| s.ordinal == slot.ordinal))
-        {
-            unsaved.1 = Some(slot);
+            self.unsaved.push((block, None));
+        }
+        match in_place {
+            None => {
+                self.count = self.count.checked_add(1).expect("slots fit in u32");
+                self.unsaved.push((block, Some(slot)));
+            }
+            Some(ordinal) => {
+                let unsaved = self
+                    .unsaved
+                    .iter_mut()
+                    .find(|(_, s)| s.is_some_and(|s| s.ordinal == ordinal))
+                    .expect("an unsaved slot has an unsaved entry");
+                unsaved.1 = Some(slot);
+            }
         }
         self.slots.insert(block, slot);
         Ok(())
@@ -154,18 +179,24 @@ impl Sidecar {
         }
     }
 
-    /// Writes the index entries not yet saved, then makes both files durable.
+    /// Makes the data durable, then writes the index entries not yet saved and makes
+    /// them durable: an entry on disk always has its bytes (hybrid mode replays no
+    /// log into sidecars).
     pub(crate) fn save(&mut self) -> io::Result<()> {
         let mut entries = Vec::with_capacity(self.unsaved.len() * ENTRY_BYTES as usize);
+        let mut chain = self.chain;
         for (block, slot) in &self.unsaved {
-            entries.extend_from_slice(&encode(*block, slot.as_ref()));
+            let entry = encode(*block, slot.as_ref(), chain);
+            chain = (&entry[28..]).get_u32_le();
+            entries.extend_from_slice(&entry);
         }
+        self.data.sync_data()?;
         self.index
             .write_all_at(&entries, self.saved as u64 * ENTRY_BYTES)?;
-        self.data.sync_data()?;
         self.index.sync_data()?;
         self.saved = self.count;
         self.unsaved.clear();
+        self.chain = chain;
         Ok(())
     }
 
@@ -185,8 +216,8 @@ impl Sidecar {
     }
 }
 
-/// An entry; a tombstone for `None`.
-fn encode(block: u32, slot: Option<&Slot>) -> [u8; ENTRY_BYTES as usize] {
+/// An entry after one whose checksum is `chain`; a tombstone for `None`.
+fn encode(block: u32, slot: Option<&Slot>, chain: u32) -> [u8; ENTRY_BYTES as usize] {
     let mut out = [0u8; ENTRY_BYTES as usize];
     let mut w = &mut out[..];
     w.put_u32_le(block);
@@ -198,14 +229,15 @@ fn encode(block: u32, slot: Option<&Slot>) -> [u8; ENTRY_BYTES as usize] {
     w.put_u32_le(flags);
     w.put_u64_le(slot.map_or(0, |s| s.tag));
     w.put_u32_le(slot.map_or(0, |s| s.crc));
-    let crc = crc32c::crc32c(&out[..28]);
+    let crc = crc32c::crc32c_append(chain, &out[..28]);
     out[28..].copy_from_slice(&crc.to_le_bytes());
     out
 }
 
-/// An entry that checks: its block and its slot, `None` for a tombstone.
-fn decode(raw: &[u8], ordinal: u32) -> Option<(u32, Option<Slot>)> {
-    if crc32c::crc32c(&raw[..28]) != (&raw[28..]).get_u32_le() {
+/// An entry that checks after one whose checksum is `chain`: its block and its slot,
+/// `None` for a tombstone.
+fn decode(raw: &[u8], ordinal: u32, chain: u32) -> Option<(u32, Option<Slot>)> {
+    if crc32c::crc32c_append(chain, &raw[..28]) != (&raw[28..]).get_u32_le() {
         return None;
     }
     let mut r = raw;
