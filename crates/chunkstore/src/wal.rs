@@ -35,9 +35,12 @@ const FORMAT_PACKED_READ: [u32; 2] = [2, FORMAT_PACKED];
 /// Format 4: a header's start sequence also voids older records in the other journals
 /// (format 3 journals lack that rule and are refused, to be drained by the old version).
 /// Format 5 adds `Intent` records, which a format 4 reader would take for a torn tail:
-/// journals are written as 5, and 4 is still read (it has no intents).
-const FORMAT_ALIGNED: u32 = 5;
-const FORMAT_ALIGNED_READ: [u32; 2] = [4, FORMAT_ALIGNED];
+/// 4 is still read (it has no intents). Format 7 (6 is the packed logs') adds a
+/// repair's `Retain` (without its data), `Release` and `Trim` records, which a
+/// format 5 reader cannot apply: journals are written as 7, and 4 and 5 are still
+/// read. The two kinds never share a number, so neither reads the other's.
+const FORMAT_ALIGNED: u32 = 7;
+const FORMAT_ALIGNED_READ: [u32; 3] = [4, 5, FORMAT_ALIGNED];
 /// Alignment of journal data (formats 4 and 5), the journal index's unit.
 pub const SECTOR_BYTES: u64 = 512;
 /// No single record may carry more than this, so replay can bound its buffer.
@@ -180,7 +183,7 @@ impl RecordHeader {
     }
 }
 
-/// A log header; `aligned` selects format 5 (journal data on sector boundaries).
+/// A log header; `aligned` selects the journals' format (data on sector boundaries).
 pub fn encode_header(start_seq: u64, aligned: bool) -> [u8; HEADER_BYTES as usize] {
     let mut out = [0u8; HEADER_BYTES as usize];
     let mut w = &mut out[..];
@@ -260,12 +263,15 @@ mod tests {
             Err(HeaderError::Format(FORMAT_ALIGNED))
         );
         assert_eq!(decode_header(&[0u8; 4096], true), Err(HeaderError::NotALog));
-        // A format 4 journal (before intents) is still read.
-        let mut four = encode_header(78, true);
-        four[4..8].copy_from_slice(&4u32.to_le_bytes());
-        let crc = crc32c::crc32c(&four[..16]);
-        four[16..20].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(decode_header(&four, true), Ok(78));
+        // Format 4 and 5 journals (before intents, before retained blocks) are still
+        // read.
+        for format in [4u32, 5] {
+            let mut old = encode_header(78, true);
+            old[4..8].copy_from_slice(&format.to_le_bytes());
+            let crc = crc32c::crc32c(&old[..16]);
+            old[16..20].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(decode_header(&old, true), Ok(78));
+        }
         // So is a format 2 log (before retained blocks).
         let mut two = encode_header(79, false);
         two[4..8].copy_from_slice(&2u32.to_le_bytes());
