@@ -322,9 +322,10 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                     server.saw_generation(volume_id, generation);
                 }
                 let freed = server.free_unread(&snapshots).await;
-                if freed.epochs > 0 {
+                if freed.epochs + freed.blocks > 0 {
                     tracing::info!(
                         epochs = freed.epochs,
+                        blocks = freed.blocks,
                         bytes = freed.bytes,
                         "freed blocks retained for no snapshot"
                     );
@@ -1599,6 +1600,24 @@ mod tests {
         };
         assert_eq!(server.free_unread(&[none]).await.epochs, 1);
         assert_eq!(epochs(CHUNK), vec![3]);
+        // Snapshot 3 reads block 0 from epoch 3: epoch 4's copy of it goes, the
+        // block only epoch 4 kept stays.
+        keep_retained(&server.store, CHUNK, 4, 0, 2).await;
+        keep_retained(&server.store, CHUNK, 4, 4096, 2).await;
+        let three = floe_protocol::SnapshotReaders {
+            volume_id: VOLUME,
+            epoch: 4,
+            snapshots: vec![3],
+        };
+        let freed = server.free_unread(&[three]).await;
+        assert_eq!((freed.epochs, freed.blocks), (0, 1));
+        let kept: Vec<(u32, u64)> = server
+            .store
+            .retained(CHUNK)
+            .iter()
+            .map(|e| (e.epoch, e.offset))
+            .collect();
+        assert_eq!(kept, vec![(3, 0), (4, 4096)]);
         // A repair's staging chunk and a volume the master did not list keep theirs.
         assert_eq!(epochs(staging), vec![1]);
         assert_eq!(server.store.retained_epochs(VOLUME + 1).len(), 1);

@@ -326,7 +326,10 @@ impl Committer {
             Kind::Intent,
             "an intent changes no replica's state"
         );
-        if matches!(header.kind, Kind::Retain | Kind::Release | Kind::Trim) {
+        if matches!(
+            header.kind,
+            Kind::Retain | Kind::Release | Kind::Trim | Kind::Forget
+        ) {
             return;
         }
         let mut metas = self.files.metas.lock().unwrap();
@@ -386,6 +389,14 @@ impl Committer {
                 }
                 return Ok(());
             }
+            Kind::Forget => {
+                let epoch = crate::retained::capture::Retain::epoch(header);
+                let block = crate::retained::block_of(header.offset);
+                if self.files.retained.forget(chunk, epoch, block) {
+                    self.dirty_retained.insert((chunk, epoch));
+                }
+                return Ok(());
+            }
             _ => {}
         }
         // The chain takes the data instead of chunk files; a deleted volume's
@@ -415,7 +426,9 @@ impl Committer {
                 return Ok(());
             }
             Kind::Write | Kind::Bypass | Kind::Zero | Kind::Punch => {}
-            Kind::Retain | Kind::Release | Kind::Trim => unreachable!("handled above"),
+            Kind::Retain | Kind::Release | Kind::Trim | Kind::Forget => {
+                unreachable!("handled above")
+            }
         }
         assert_in_chunk(header);
         let existed = self.files.exists(chunk)?;

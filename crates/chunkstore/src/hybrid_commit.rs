@@ -8,8 +8,8 @@
 //! overwrites the chunk file (a crash between the two would otherwise leave the
 //! replica without the old block, and a resent change would retain the new one) or
 //! its record is journaled. So, unlike plain mode, no `Retain` record is journaled;
-//! nor are a repair's `Retain`, `Release` and `Trim` changes replayed: like
-//! chunk-file changes they are applied, durably, before their records.
+//! nor are a repair's `Retain`, `Release`, `Trim` and `Forget` changes replayed:
+//! like chunk-file changes they are applied, durably, before their records.
 
 use crate::block_sums::Merge;
 use crate::chunk_files::Files;
@@ -409,7 +409,7 @@ fn drop_superseded(journals: &Journals, header: &RecordHeader) -> Result<(), Sto
         }
         Kind::Write | Kind::Stamp | Kind::Intent => Ok(()),
         // Retained blocks live in sidecars, outside the journals' reach.
-        Kind::Retain | Kind::Release | Kind::Trim => Ok(()),
+        Kind::Retain | Kind::Release | Kind::Trim | Kind::Forget => Ok(()),
     }
 }
 
@@ -439,7 +439,8 @@ fn bypass_under_later_edges(batch: &mut [Change]) {
             | Kind::Intent
             | Kind::Retain
             | Kind::Release
-            | Kind::Trim => continue,
+            | Kind::Trim
+            | Kind::Forget => continue,
             Kind::Bypass | Kind::Zero | Kind::Punch => {}
         }
         if header.kind != Kind::Write {

@@ -109,6 +109,19 @@ struct Submit {
 }
 
 impl Submit {
+    /// Its record's header (the committer assigns the sequence).
+    fn header(&self) -> RecordHeader {
+        RecordHeader {
+            seq: 0,
+            kind: self.kind,
+            chunk: self.chunk,
+            offset: self.offset,
+            length: self.length,
+            view: self.meta.view,
+            version: self.meta.version,
+        }
+    }
+
     /// A change without data, synced, retaining nothing.
     fn control(kind: Kind, chunk: ChunkId, offset: u64, length: u64, meta: ChunkMeta) -> Submit {
         Submit {
@@ -553,6 +566,44 @@ impl Store {
         self.files.retained.sidecars_of(volume_id)
     }
 
+    /// Drops the blocks at `offsets` the chunk retained for `epoch` (no snapshot reads
+    /// them, though others of the epoch are read). Resolves once durable.
+    pub async fn forget_retained(
+        &self,
+        chunk: ChunkId,
+        epoch: u32,
+        offsets: &[u64],
+    ) -> Result<(), StoreError> {
+        let meta = ChunkMeta {
+            view: epoch as u64,
+            version: 0,
+        };
+        let mut results = Vec::with_capacity(offsets.len());
+        {
+            // All queued at once: they commit together.
+            let mut queue = self.queue.changes.lock().unwrap();
+            for &offset in offsets {
+                check_range(offset, BLOCK_BYTES)?;
+                let (done, result) = oneshot::channel();
+                let forget = Submit::control(Kind::Forget, chunk, offset, 0, meta);
+                queue.push(Change {
+                    header: forget.header(),
+                    data: Bytes::new(),
+                    done,
+                    sync: true,
+                    retain: None,
+                    _reservation: Reservation::none(),
+                });
+                results.push(result);
+            }
+        }
+        self.queue.wake.notify_one();
+        for result in results {
+            result.await.map_err(|_| StoreError::ShutDown)??;
+        }
+        Ok(())
+    }
+
     /// The chunk's retained blocks, by epoch and offset (those of unsynced changes
     /// once synced).
     pub fn retained(&self, chunk: ChunkId) -> Vec<RetainedEntry> {
@@ -587,37 +638,19 @@ impl Store {
         data: Bytes,
         reservation: Reservation,
     ) -> Result<(), StoreError> {
-        let Submit {
-            kind,
-            chunk,
-            offset,
-            length,
-            meta,
-            sync,
-            retain,
-        } = change;
-        if !matches!(kind, Kind::DeleteVolume | Kind::Release) {
-            check_range(offset, length)?;
+        if !matches!(change.kind, Kind::DeleteVolume | Kind::Release) {
+            check_range(change.offset, change.length)?;
         }
-        if retain.is_some() {
-            self.check_retaining(length)?;
+        if change.retain.is_some() {
+            self.check_retaining(change.length)?;
         }
         let (done, result) = oneshot::channel();
-        let header = RecordHeader {
-            seq: 0, // assigned by the committer, in log order
-            kind,
-            chunk,
-            offset,
-            length,
-            view: meta.view,
-            version: meta.version,
-        };
         self.queue.changes.lock().unwrap().push(Change {
-            header,
+            header: change.header(),
             data,
             done,
-            sync,
-            retain,
+            sync: change.sync,
+            retain: change.retain,
             _reservation: reservation,
         });
         self.queue.wake.notify_one();

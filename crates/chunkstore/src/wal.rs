@@ -27,18 +27,18 @@ pub const HEADER_BYTES: u64 = 4096;
 pub const RECORD_HEADER_BYTES: usize = 68;
 const HEADER_MAGIC: u32 = 0x464c_5748; // "FLWH"
 const RECORD_MAGIC: u32 = 0x464c_5752; // "FLWR"
-/// Format 6 adds `Retain` and `Release` records, which an older reader would take for
-/// a torn tail and drop with everything after: it is refused by them. Format 2 has
-/// neither and is still read.
-const FORMAT_PACKED: u32 = 6;
-const FORMAT_PACKED_READ: [u32; 2] = [2, FORMAT_PACKED];
+/// Format 6 adds `Retain`, `Release` and `Trim` records, which an older reader would
+/// take for a torn tail and drop with everything after: it is refused by them. Format
+/// 8 (7 is the journals') adds `Forget`. Formats 2 (none of them) and 6 are still read.
+const FORMAT_PACKED: u32 = 8;
+const FORMAT_PACKED_READ: [u32; 3] = [2, 6, FORMAT_PACKED];
 /// Format 4: a header's start sequence also voids older records in the other journals
 /// (format 3 journals lack that rule and are refused, to be drained by the old version).
 /// Format 5 adds `Intent` records, which a format 4 reader would take for a torn tail:
 /// 4 is still read (it has no intents). Format 7 (6 is the packed logs') adds a
-/// repair's `Retain` (without its data), `Release` and `Trim` records, which a
-/// format 5 reader cannot apply: journals are written as 7, and 4 and 5 are still
-/// read. The two kinds never share a number, so neither reads the other's.
+/// repair's `Retain` (without its data), `Release`, `Trim` and `Forget` records,
+/// which a format 5 reader cannot apply: journals are written as 7, and 4 and 5 are
+/// still read. The two kinds never share a number, so neither reads the other's.
 const FORMAT_ALIGNED: u32 = 7;
 const FORMAT_ALIGNED_READ: [u32; 3] = [4, 5, FORMAT_ALIGNED];
 /// Alignment of journal data (formats 4 and 5), the journal index's unit.
@@ -76,6 +76,9 @@ pub enum Kind {
     /// Drops a chunk's retained blocks tagged above `version` (a repair replacing
     /// what the replica took past it; no data, no state).
     Trim = 10,
+    /// Drops one retained block, the one at `offset` of epoch `view`: no snapshot
+    /// reads it, though others of its epoch are read (no data, no state).
+    Forget = 11,
 }
 
 impl Kind {
@@ -91,6 +94,7 @@ impl Kind {
             8 => Kind::Retain,
             9 => Kind::Release,
             10 => Kind::Trim,
+            11 => Kind::Forget,
             _ => return None,
         })
     }
@@ -264,19 +268,22 @@ mod tests {
         );
         assert_eq!(decode_header(&[0u8; 4096], true), Err(HeaderError::NotALog));
         // Format 4 and 5 journals (before intents, before retained blocks) are still
-        // read.
-        for format in [4u32, 5] {
-            let mut old = encode_header(78, true);
+        // read, and so are format 2 and 6 logs (before retained blocks, before
+        // `Forget`); the kinds never read each other's.
+        let reformatted = |aligned: bool, format: u32| {
+            let mut old = encode_header(78, aligned);
             old[4..8].copy_from_slice(&format.to_le_bytes());
             let crc = crc32c::crc32c(&old[..16]);
             old[16..20].copy_from_slice(&crc.to_le_bytes());
-            assert_eq!(decode_header(&old, true), Ok(78));
+            old
+        };
+        for (aligned, format) in [(true, 4), (true, 5), (false, 2), (false, 6)] {
+            assert_eq!(
+                decode_header(&reformatted(aligned, format), aligned),
+                Ok(78)
+            );
+            let other = decode_header(&reformatted(aligned, format), !aligned);
+            assert_eq!(other, Err(HeaderError::Format(format)));
         }
-        // So is a format 2 log (before retained blocks).
-        let mut two = encode_header(79, false);
-        two[4..8].copy_from_slice(&2u32.to_le_bytes());
-        let crc = crc32c::crc32c(&two[..16]);
-        two[16..20].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(decode_header(&two, false), Ok(79));
     }
 }

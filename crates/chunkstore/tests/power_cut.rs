@@ -168,6 +168,13 @@ enum Op {
         block: u64,
         zeroes: bool,
     },
+    /// Drops blocks the chunk retained for `epoch` (a snapshot between two others
+    /// deleted).
+    Forget {
+        chunk: usize,
+        epoch: u32,
+        blocks: Vec<u64>,
+    },
     DeleteVolume {
         volume: u64,
     },
@@ -273,6 +280,17 @@ fn op() -> impl Strategy<Value = Op> {
             block,
             zeroes,
         });
+    let forget = (
+        chunk.clone(),
+        1..=EPOCHS_RETAINED,
+        // One block: a store forgets each in a record of its own.
+        proptest::collection::vec(0..SPAN / BLOCK, 1..2),
+    )
+        .prop_map(|(chunk, epoch, blocks)| Op::Forget {
+            chunk,
+            epoch,
+            blocks,
+        });
     prop_oneof![
         8 => small,
         2 => unaligned,
@@ -282,6 +300,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => release,
         1 => trim,
         1 => install,
+        1 => forget,
         1 => (1..=2u64).prop_map(|volume| Op::DeleteVolume { volume }),
     ]
 }
@@ -349,6 +368,8 @@ struct Change {
     trim: Option<u64>,
     /// It keeps this block as retained.
     install: Option<((u32, u64), RetainedCopy)>,
+    /// It drops these blocks of this epoch.
+    forget: Option<(u32, Vec<u64>)>,
 }
 
 impl Change {
@@ -372,6 +393,11 @@ impl Change {
         }
         if let Some((key, block)) = &self.install {
             retained.insert(*key, block.clone());
+        }
+        if let Some((epoch, offsets)) = &self.forget {
+            for offset in offsets {
+                retained.remove(&(*epoch, *offset));
+            }
         }
         for (key, old) in self.retained_blocks(state) {
             retained.entry(key).or_insert(old);
@@ -445,6 +471,7 @@ impl Model {
             deletes: false,
             trim: None,
             install: None,
+            forget: None,
         }
     }
 
@@ -604,9 +631,13 @@ fn check_retained_ahead(
     let (mut state, mut retained) = (state.to_vec(), expected.clone());
     for (k, change) in later.iter().enumerate() {
         // Its old blocks may be gone or replaced since.
-        let dropped_after = later[k + 1..]
-            .iter()
-            .any(|c| c.deletes || c.release.is_some() || c.trim.is_some() || c.install.is_some());
+        let dropped_after = later[k + 1..].iter().any(|c| {
+            c.deletes
+                || c.release.is_some()
+                || c.trim.is_some()
+                || c.install.is_some()
+                || c.forget.is_some()
+        });
         if let (Some(_), Some((offset, length, id)), false) =
             (change.retain, change.range, dropped_after)
         {
@@ -833,6 +864,26 @@ async fn run_batch(store: &Store, model: &mut Model, ops: &[Op]) -> Result<(), S
                 }));
                 let change = Change {
                     install: Some(((epoch, offset), (data, meta.version))),
+                    ..model.change(meta, None)
+                };
+                vec![(chunk, change, false)]
+            }
+            Op::Forget {
+                chunk,
+                epoch,
+                ref blocks,
+            } => {
+                let meta = model.chunks[chunk].last_meta;
+                let offsets: Vec<u64> = blocks.iter().map(|block| block * BLOCK).collect();
+                let store = store.clone();
+                let forgotten = offsets.clone();
+                handles.push(tokio::spawn(async move {
+                    store
+                        .forget_retained(CHUNKS[chunk], epoch, &forgotten)
+                        .await
+                }));
+                let change = Change {
+                    forget: Some((epoch, offsets)),
                     ..model.change(meta, None)
                 };
                 vec![(chunk, change, false)]

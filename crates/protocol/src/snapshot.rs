@@ -99,6 +99,17 @@ impl SnapshotReaders {
     pub fn unread(&self, epoch: u32) -> bool {
         epoch <= self.epoch && self.snapshots.iter().all(|&s| s > epoch)
     }
+
+    /// The snapshot that reads blocks retained for `epoch` where no epoch from it up
+    /// to `epoch` retained them too: the newest at or below `epoch`. `None` when none
+    /// is, or when `epoch` is above the epoch sent (a snapshot taken since may read
+    /// it).
+    pub fn reader_of(&self, epoch: u32) -> Option<u32> {
+        if epoch > self.epoch {
+            return None;
+        }
+        self.snapshots.iter().copied().filter(|&s| s <= epoch).max()
+    }
 }
 
 impl SnapshotEpochs {

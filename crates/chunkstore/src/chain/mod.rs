@@ -242,7 +242,7 @@ impl Chain {
             }
             Kind::Write | Kind::Bypass => Some(data),
             Kind::Zero | Kind::Punch => None,
-            Kind::Retain | Kind::Release | Kind::Trim => {
+            Kind::Retain | Kind::Release | Kind::Trim | Kind::Forget => {
                 unreachable!("retained blocks live in sidecars beside the chain")
             }
         };

@@ -69,7 +69,7 @@ impl Committer {
             let change = &batch[i];
             let chunk = change.header.chunk;
             if let Some(forget) = Forget::of(&change.header) {
-                taken.retain(|&(c, epoch, _), &mut tag| !forget.covers(c, epoch, tag));
+                taken.retain(|&(c, epoch, block), &mut tag| !forget.covers(c, epoch, block, tag));
                 forgotten.push(forget);
             }
             // A block a repair installs.
@@ -137,7 +137,10 @@ impl Committer {
                 .files
                 .retained
                 .tag_of(header.chunk, epoch, block)
-                .is_some_and(|tag| !forgotten.iter().any(|f| f.covers(header.chunk, epoch, tag)));
+                .is_some_and(|tag| {
+                    let covered = |f: &Forget| f.covers(header.chunk, epoch, block, tag);
+                    !forgotten.iter().any(covered)
+                });
             let key = (header.chunk, epoch, block);
             if stored || taken.contains_key(&key) {
                 continue;
@@ -202,6 +205,8 @@ enum Forget {
     Epochs(ChunkId, std::ops::RangeInclusive<u32>),
     /// Those tagged above this version.
     Above(ChunkId, u64),
+    /// One block of one epoch.
+    Block(ChunkId, u32, u32),
 }
 
 impl Forget {
@@ -213,15 +218,21 @@ impl Forget {
                 header.offset as u32..=header.length as u32,
             )),
             Kind::Trim => Some(Forget::Above(header.chunk, header.version)),
+            Kind::Forget => Some(Forget::Block(
+                header.chunk,
+                Retain::epoch(header),
+                block_of(header.offset),
+            )),
             _ => None,
         }
     }
 
-    fn covers(&self, chunk: ChunkId, epoch: u32, tag: u64) -> bool {
+    fn covers(&self, chunk: ChunkId, epoch: u32, block: u32, tag: u64) -> bool {
         match self {
             Forget::Volume(volume_id) => chunk.volume_id == *volume_id,
             Forget::Epochs(c, epochs) => *c == chunk && epochs.contains(&epoch),
             Forget::Above(c, above) => *c == chunk && tag > *above,
+            Forget::Block(c, e, b) => *c == chunk && *e == epoch && *b == block,
         }
     }
 }
@@ -236,6 +247,7 @@ fn overlay(block: &mut [u8], at: u64, header: &RecordHeader, data: &[u8]) {
         | Kind::Retain
         | Kind::Release
         | Kind::Trim
+        | Kind::Forget
         | Kind::Intent
         | Kind::DeleteVolume => return,
     };

@@ -257,6 +257,15 @@ impl Retained {
         trimmed
     }
 
+    /// Applies a `Forget` record: drops one block of the chunk's sidecar of `epoch`;
+    /// true when it held it (the sidecar wants a save).
+    pub(crate) fn forget(&self, chunk: ChunkId, epoch: u32, block: u32) -> bool {
+        let mut sidecars = self.sidecars.lock().unwrap();
+        sidecars
+            .get_mut(&(chunk, epoch))
+            .is_some_and(|sidecar| sidecar.drop_block(block))
+    }
+
     /// Forgets a deleted volume's sidecars (their files went with its directory).
     pub(crate) fn forget_volume(&self, volume_id: u64) {
         self.sidecars

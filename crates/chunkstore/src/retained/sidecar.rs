@@ -173,10 +173,19 @@ impl Sidecar {
             .map(|(&block, _)| block)
             .collect();
         for block in doomed {
-            self.slots.remove(&block);
-            self.count = self.count.checked_add(1).expect("slots fit in u32");
-            self.unsaved.push((block, None));
+            self.drop_block(block);
         }
+    }
+
+    /// Drops one block, a tombstone (its slot stays taken until the sidecar is
+    /// released); false if it held none.
+    pub(crate) fn drop_block(&mut self, block: u32) -> bool {
+        if self.slots.remove(&block).is_none() {
+            return false;
+        }
+        self.count = self.count.checked_add(1).expect("slots fit in u32");
+        self.unsaved.push((block, None));
+        true
     }
 
     /// Makes the data durable, then writes the index entries not yet saved and makes
