@@ -148,7 +148,10 @@ impl State {
             let lapsed = lease.expires.is_some_and(|e| e + LEASE_DRIFT_MARGIN < now);
             if lapsed && !lease.audited {
                 lease.audited = true;
-                self.audits.entry(*volume_id).or_insert(lease.generation);
+                // An audit queued for an older writer (a restarted master queues
+                // one) would skip the chunks this one wrote: audit up to the newest.
+                let queued = self.audits.entry(*volume_id).or_insert(lease.generation);
+                *queued = (*queued).max(lease.generation);
             }
         }
     }

@@ -157,6 +157,7 @@ const FOUND_BUGS: &[(u64, &str)] = &[
     (1191, "a stale reader timed its map from when the layer was built, not from before the map was read: a chunk allocated between read as zeroes past the bound"),
     (602001, "freeing a deleted snapshot's delta chunk dropped it on two replicas while the third's server was dying, and kept its placement: a repair then moved the dropped replicas to a later view, so the drop was refused forever and the chunk counted current at version 0"),
     (1353700050, "a lease renewed after it ran out (its holder cut off from the master) was not audited when it ran out again: a replica its holder left behind, its report refused, counted current"),
+    (3701448, "a lease revoked while its writer was cut off (snapshots waited for it), then a master restart: the restart queued an audit of the writer before, which the revoked lease's own audit did not replace, and that audit skips the chunks later writers wrote, so a replica the revoked writer left behind counted current"),
     (701560, "a deposed writer's allocation, retried until the master answered, landed after a snapshot and recorded the chunk as born before it (the writer's old epoch): the new writer, whose map lacked the chunk, preserved nothing, and the snapshot read its later writes"),
 ];
 
