@@ -278,6 +278,7 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
     let mut beats = 0u32;
     let mut deleted: BTreeSet<u64> = BTreeSet::new();
     let mut corrupt_blocks = Vec::new();
+    let mut freeing = unread::Schedule::default();
     let gauges = exported::StoreGauges::new();
     let mut interval = tokio::time::interval(HEARTBEAT_INTERVAL);
     loop {
@@ -321,7 +322,11 @@ async fn heartbeat_loop(master: String, registration: MasterRequest, server: Arc
                 for (volume_id, generation) in leases {
                     server.saw_generation(volume_id, generation);
                 }
-                let freed = server.free_unread(&snapshots).await;
+                let freed = match freeing.due(&snapshots) {
+                    true => server.free_unread(&snapshots).await,
+                    false => unread::Freed::default(),
+                };
+                freeing.scanned(freed);
                 if freed.epochs + freed.blocks > 0 {
                     tracing::info!(
                         epochs = freed.epochs,

@@ -19,6 +19,38 @@ use std::collections::BTreeMap;
 /// the heartbeat.
 const RELEASES_PER_HEARTBEAT: usize = 256;
 const FORGETS_PER_HEARTBEAT: usize = 4096;
+/// Heartbeats between scans while the snapshots stay as they were: a scan walks every
+/// retained block of the volumes listed, and new garbage then comes only from a writer
+/// still retaining for an epoch no snapshot reads.
+const RESCAN_HEARTBEATS: u32 = 10;
+
+/// When the heartbeat loop scans for blocks to free: at once when the snapshots
+/// changed, again while the last scan stopped at its bounds, else every
+/// [`RESCAN_HEARTBEATS`].
+#[derive(Default)]
+pub(crate) struct Schedule {
+    last: Vec<SnapshotReaders>,
+    beats: u32,
+    more: bool,
+}
+
+impl Schedule {
+    /// Whether this heartbeat, which brought `readers`, scans.
+    pub(crate) fn due(&mut self, readers: &[SnapshotReaders]) -> bool {
+        self.beats += 1;
+        let due = self.more || readers != self.last || self.beats >= RESCAN_HEARTBEATS;
+        if due {
+            self.beats = 0;
+            self.last = readers.to_vec();
+        }
+        due
+    }
+
+    /// What the scan freed: at its bounds, more may be left.
+    pub(crate) fn scanned(&mut self, freed: Freed) {
+        self.more = freed.epochs == RELEASES_PER_HEARTBEAT || freed.blocks == FORGETS_PER_HEARTBEAT;
+    }
+}
 
 /// What one round freed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +138,30 @@ fn shadowed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scans_follow_changed_snapshots_and_unfinished_scans_and_else_wait() {
+        let readers = |snapshots| SnapshotReaders {
+            volume_id: 7,
+            epoch: 3,
+            snapshots,
+        };
+        let mut schedule = Schedule::default();
+        assert!(schedule.due(&[readers(vec![1])]), "new snapshots");
+        assert!(!schedule.due(&[readers(vec![1])]));
+        assert!(schedule.due(&[readers(vec![])]), "one deleted");
+        schedule.scanned(Freed {
+            epochs: RELEASES_PER_HEARTBEAT,
+            ..Freed::default()
+        });
+        assert!(
+            schedule.due(&[readers(vec![])]),
+            "the last scan stopped short"
+        );
+        schedule.scanned(Freed::default());
+        let waited = (0..RESCAN_HEARTBEATS).filter(|_| schedule.due(&[readers(vec![])]));
+        assert_eq!(waited.count(), 1, "once in {RESCAN_HEARTBEATS} heartbeats");
+    }
 
     #[test]
     fn a_block_an_older_epoch_a_snapshot_reads_also_kept_is_read_by_none() {

@@ -262,11 +262,12 @@ impl Store {
         room: Room,
     ) -> Result<Reservation, StoreError> {
         check_range(offset, length)?;
-        self.space.reserve(
-            space::write_needs(offset, length),
-            self.journal_backlog(),
-            room,
-        )
+        self.reserve(space::write_needs(offset, length), room)
+    }
+
+    /// `bytes` of room, with what the journals hold for later counted as taken.
+    fn reserve(&self, bytes: u64, room: Room) -> Result<Reservation, StoreError> {
+        self.space.reserve(bytes, self.journal_backlog(), room)
     }
 
     /// [`Store::reserve_write`] for zeroing a range: a punch frees space and needs
@@ -286,8 +287,7 @@ impl Store {
 
     /// [`Store::reserve_write`] for a change that retains old blocks (`retain:
     /// Some`), write or zero: room for what it keeps as well, and refused here,
-    /// before a replica takes the change's version, where this store cannot retain
-    /// for it.
+    /// before a replica takes the change's version, when it is too long to retain.
     pub fn reserve_retaining(
         &self,
         offset: u64,
@@ -296,11 +296,7 @@ impl Store {
     ) -> Result<Reservation, StoreError> {
         check_range(offset, length)?;
         self.check_retaining(length)?;
-        self.space.reserve(
-            crate::retained::retaining_needs(offset, length),
-            self.journal_backlog(),
-            room,
-        )
+        self.reserve(crate::retained::retaining_needs(offset, length), room)
     }
 
     /// The data directory's file system as the master is told about it.
@@ -579,24 +575,12 @@ impl Store {
             version: 0,
         };
         let mut results = Vec::with_capacity(offsets.len());
-        {
-            // All queued at once: they commit together.
-            let mut queue = self.queue.changes.lock().unwrap();
-            for &offset in offsets {
-                check_range(offset, BLOCK_BYTES)?;
-                let (done, result) = oneshot::channel();
-                let forget = Submit::control(Kind::Forget, chunk, offset, 0, meta);
-                queue.push(Change {
-                    header: forget.header(),
-                    data: Bytes::new(),
-                    done,
-                    sync: true,
-                    retain: None,
-                    _reservation: Reservation::none(),
-                });
-                results.push(result);
-            }
+        for &offset in offsets {
+            check_range(offset, BLOCK_BYTES)?;
+            let forget = Submit::control(Kind::Forget, chunk, offset, 0, meta);
+            results.push(self.enqueue(forget, Bytes::new(), Reservation::none())?);
         }
+        // Woken once for them all: they commit together.
         self.queue.wake.notify_one();
         for result in results {
             result.await.map_err(|_| StoreError::ShutDown)??;
@@ -638,6 +622,19 @@ impl Store {
         data: Bytes,
         reservation: Reservation,
     ) -> Result<(), StoreError> {
+        let result = self.enqueue(change, data, reservation)?;
+        self.queue.wake.notify_one();
+        result.await.map_err(|_| StoreError::ShutDown)?
+    }
+
+    /// Checks `change` and queues it for the committer (woken by the caller); its
+    /// result comes on the receiver.
+    fn enqueue(
+        &self,
+        change: Submit,
+        data: Bytes,
+        reservation: Reservation,
+    ) -> Result<oneshot::Receiver<Result<(), StoreError>>, StoreError> {
         if !matches!(change.kind, Kind::DeleteVolume | Kind::Release) {
             check_range(change.offset, change.length)?;
         }
@@ -653,8 +650,7 @@ impl Store {
             retain: change.retain,
             _reservation: reservation,
         });
-        self.queue.wake.notify_one();
-        result.await.map_err(|_| StoreError::ShutDown)?
+        Ok(result)
     }
 
     /// Whether this store may retain for a change of `length` bytes.
